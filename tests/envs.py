@@ -1,0 +1,38 @@
+"""Tiny deterministic envs for end-to-end tests, usable as `--env-id tests.envs:<Id>` (gymnasium's module:id form)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.envs.registration import register
+
+
+class CountingEnv(gym.Env):
+    """Reward 1 every step; the observation is the step count. The episode is cut by the time limit
+    (`terminate=False`, a truncation) or ends for real (`terminate=True`) after `length` steps."""
+
+    def __init__(self, length: int = 5, terminate: bool = False, nan_after: int | None = None):
+        self.length, self.terminate, self.nan_after = length, terminate, nan_after
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, shape=(1,), dtype=np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
+        self.t = 0
+        self.total_steps = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0], dtype=np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        self.total_steps += 1
+        reward = 1.0
+        if self.nan_after is not None and self.total_steps > self.nan_after:
+            reward = float("nan")
+        terminated = self.terminate and self.t >= self.length
+        return np.array([self.t], dtype=np.float32), reward, terminated, False, {}
+
+
+register(id="Truncating-v0", entry_point=CountingEnv, max_episode_steps=5, kwargs={"length": 1000})
+register(id="Terminating-v0", entry_point=CountingEnv, kwargs={"length": 5, "terminate": True})
+register(id="NanReward-v0", entry_point=CountingEnv, max_episode_steps=5, kwargs={"length": 1000, "nan_after": 600})
