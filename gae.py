@@ -143,6 +143,8 @@ class RunningMeanStd:
         """Merge a batch of shape (B, *shape). Rows containing NaN or inf are left out, so one bad observation
         cannot poison the statistics for the rest of the run."""
         batch = np.asarray(batch, dtype=np.float64)
+        if batch.shape[0] == 0:
+            return
         finite_rows = np.isfinite(batch.reshape(batch.shape[0], -1)).all(axis=1)
         if not finite_rows.all():
             batch = batch[finite_rows]
@@ -171,10 +173,10 @@ class RunningMeanStd:
         }
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        mean = state["mean"].double().numpy()
-        if mean.shape != self.mean.shape:
+        mean, var = state["mean"].double().numpy(), state["var"].double().numpy()
+        if mean.shape != self.mean.shape or var.shape != self.var.shape:
             raise ValueError(f"normalizer shape {tuple(mean.shape)} does not match {tuple(self.mean.shape)}")
-        self.mean, self.var, self.count = mean.copy(), state["var"].double().numpy().copy(), float(state["count"])
+        self.mean, self.var, self.count = mean.copy(), var.copy(), float(state["count"])
 
 
 class RewardScaler:

@@ -16,6 +16,7 @@ import random
 import signal
 import sys
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass
 
@@ -297,7 +298,9 @@ def load_checkpoint(path: str) -> dict:
     if not os.path.isfile(path):
         raise UsageError(f"checkpoint not found: {path}")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about the pickle protocol before refusing a foreign pickle
+            warnings.simplefilter("ignore")
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # corrupt, truncated, or a pickle that tries to run code
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UsageError(f"cannot load checkpoint {path}: not a valid checkpoint ({reason[:160]})") from None
@@ -413,8 +416,6 @@ def train(args: Args) -> int:
     run_name = args.run_name or f"{args.env_id.replace(':', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     args.run_name = run_name
     run_dir = os.path.join("runs", run_name)
-    os.makedirs(run_dir, exist_ok=True)
-    quiet_mujoco_log(run_dir)
     checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
 
     # Seeding
@@ -426,7 +427,10 @@ def train(args: Args) -> int:
     action_rng = np.random.default_rng(args.seed)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
-    envs = make_vector_env(args, os.path.join(run_dir, "videos"))
+    quiet_mujoco_log(None)
+    envs = make_vector_env(args, os.path.join(run_dir, "videos"))  # before the run folder: bad env ids leave nothing
+    os.makedirs(run_dir, exist_ok=True)
+    quiet_mujoco_log(run_dir)
     obs_dim, act_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
 
@@ -461,7 +465,7 @@ def train(args: Args) -> int:
             save_code=True,
         )
     # purge_step drops any points a crashed run wrote after the checkpoint, so a resumed curve continues cleanly.
-    writer = SummaryWriter(run_dir, purge_step=global_step if ckpt is not None else None)
+    writer = SummaryWriter(run_dir, purge_step=global_step + 1 if ckpt is not None else None)
     if ckpt is None:
         writer.add_text(
             "hyperparameters",
@@ -493,7 +497,9 @@ def train(args: Args) -> int:
         nonlocal interrupted
         interrupted = True
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        tqdm.write(f"{PROG}: Ctrl-C: saving a checkpoint after this iteration (press again to quit now)")
+        tqdm.write(
+            f"{PROG}: Ctrl-C: saving a checkpoint after this iteration (press again to quit now)", file=sys.stderr
+        )
 
     signal.signal(signal.SIGINT, on_sigint)
 
@@ -643,7 +649,7 @@ def train(args: Args) -> int:
                 bad_batches_in_a_row += 1
                 health_counts["bad_batches"] = health_counts.get("bad_batches", 0) + 1
                 writer.add_scalar("guard/bad_batches", health_counts["bad_batches"], global_step)
-                tqdm.write(f"{PROG}: warning: skipped a bad batch at step {global_step}: {problem}")
+                tqdm.write(f"{PROG}: warning: skipped a bad batch at step {global_step}: {problem}", file=sys.stderr)
                 if bad_batches_in_a_row >= args.guard_patience:
                     raise BadBatchError(
                         f"stopping: {bad_batches_in_a_row} bad batches in a row (last: {problem}); "
@@ -681,7 +687,7 @@ def train(args: Args) -> int:
                 writer.add_scalar(f"health/{name}", health_counts[name], global_step)
                 if iteration - last_warned.get(name, -(10**9)) >= 20:
                     last_warned[name] = iteration
-                    tqdm.write(f"{PROG}: warning: {message}")
+                    tqdm.write(f"{PROG}: warning: {message}", file=sys.stderr)
 
             progress.update(global_step - progress.n)
             recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"

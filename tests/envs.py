@@ -8,8 +8,9 @@ from gymnasium.envs.registration import register
 
 
 class CountingEnv(gym.Env):
-    """Reward 1 every step; the observation is the step count. The episode is cut by the time limit
-    (`terminate=False`, a truncation) or ends for real (`terminate=True`) after `length` steps."""
+    """Reward 1 every step; the observation is the step count modulo 5. The episode is cut by the time limit
+    (`terminate=False`, a truncation) or ends for real (`terminate=True`) after `length` steps. Modulo 5, the final
+    observation of a 5-step episode is the start state, so V(final obs) is a value the critic is trained on."""
 
     def __init__(self, length: int = 5, terminate: bool = False, nan_after: int | None = None):
         self.length, self.terminate, self.nan_after = length, terminate, nan_after
@@ -30,7 +31,7 @@ class CountingEnv(gym.Env):
         if self.nan_after is not None and self.total_steps > self.nan_after:
             reward = float("nan")
         terminated = self.terminate and self.t >= self.length
-        return np.array([self.t], dtype=np.float32), reward, terminated, False, {}
+        return np.array([self.t % 5], dtype=np.float32), reward, terminated, False, {}
 
 
 register(id="Truncating-v0", entry_point=CountingEnv, max_episode_steps=5, kwargs={"length": 1000})

@@ -1,0 +1,399 @@
+"""End-to-end tests of ppo_continuous.py, run exactly as a user runs it: a subprocess in a fresh working directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "ppo_continuous.py"
+sys.path.insert(0, str(REPO))
+
+import ppo_continuous  # noqa: E402
+from gae import RunningMeanStd  # noqa: E402
+
+# Small, fast settings: 2 iterations of 4 envs x 64 steps.
+SMALL = ["--num-envs", "4", "--num-steps", "64", "--num-minibatches", "4", "--update-epochs", "2", "--quiet"]
+
+
+def run(args: list[str], cwd: Path, timeout: float = 240, **kwargs) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))  # lets `--env-id tests.envs:...` import the test envs
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kwargs,
+    )
+
+
+def scalars(run_dir: Path) -> EventAccumulator:
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "histograms": 0})
+    acc.Reload()
+    return acc
+
+
+CLEANRL_TAGS = [
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/SPS",
+    "charts/learning_rate",
+    "losses/value_loss",
+    "losses/policy_loss",
+    "losses/entropy",
+    "losses/old_approx_kl",
+    "losses/approx_kl",
+    "losses/clipfrac",
+    "losses/explained_variance",
+]
+
+
+@pytest.fixture(scope="module")
+def pendulum_run(tmp_path_factory):
+    """One short Pendulum run shared by the tests that only read its outputs."""
+    cwd = tmp_path_factory.mktemp("pendulum")
+    result = run(["--env-id", "Pendulum-v1", "--total-timesteps", "1024", "--run-name", "p", *SMALL], cwd)
+    assert result.returncode == 0, result.stderr
+    return cwd, cwd / "runs" / "p"
+
+
+def test_tensorboard_tags_and_summary(pendulum_run):
+    cwd, run_dir = pendulum_run
+    acc = scalars(run_dir)
+    tags = set(acc.Tags()["scalars"])
+    missing = [t for t in CLEANRL_TAGS if t not in tags]
+    assert not missing, f"missing TensorBoard tags: {missing}"
+    assert "charts/episodic_return_hist" in acc.Tags()["histograms"]
+    assert "hyperparameters/text_summary" in acc.Tags()["tensors"]
+    returns = [e.value for e in acc.Scalars("charts/episodic_return")]
+    assert len(returns) == 4  # 4 envs x 256 steps, Pendulum episodes are 200 steps
+    assert all(-2000 < r < 0 for r in returns)
+    steps = [e.step for e in acc.Scalars("losses/approx_kl")]
+    assert steps == [256, 512, 768, 1024]
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["env_steps"] == 1024
+    assert summary["hyperparameters"]["env_id"] == "Pendulum-v1"
+    assert summary["hyperparameters"]["num_envs"] == 4
+    for key in ["final_entropy", "final_explained_variance", "final_approx_kl", "mean_return_last_episodes"]:
+        assert isinstance(summary[key], float), key
+    assert summary["wall_time_seconds"] > 0
+    # the user's working directory gets runs/ and nothing else
+    assert sorted(os.listdir(cwd)) == ["runs"]
+    assert (run_dir / "checkpoint.pt").is_file()
+
+
+def test_mujoco_run_leaves_nothing_in_cwd(tmp_path):
+    result = run(["--env-id", "Hopper-v5", "--total-timesteps", "512", "--run-name", "h", *SMALL], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["runs"], "MUJOCO_LOG.TXT or other files leaked into the cwd"
+    assert "charts/episodic_return" in scalars(tmp_path / "runs" / "h").Tags()["scalars"]
+
+
+def test_checkpoint_and_resume_continue_steps_and_curves(tmp_path):
+    first = run(["--env-id", "Pendulum-v1", "--total-timesteps", "512", "--run-name", "r", *SMALL], tmp_path)
+    assert first.returncode == 0, first.stderr
+    ckpt_path = tmp_path / "runs" / "r" / "checkpoint.pt"
+    ckpt = torch.load(ckpt_path, weights_only=True)
+    assert ckpt["global_step"] == 512 and ckpt["iteration"] == 2
+    resumed = run(
+        ["--env-id", "Pendulum-v1", "--total-timesteps", "1024", "--resume", str(ckpt_path), *SMALL], tmp_path
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())
+    assert summary["env_steps"] == 1024
+    steps = sorted({e.step for e in scalars(tmp_path / "runs" / "r").Scalars("losses/approx_kl")})
+    assert steps == [256, 512, 768, 1024], "the resumed run should continue the same curves"
+    after = torch.load(ckpt_path, weights_only=True)
+    assert after["global_step"] == 1024 and after["iteration"] == 4
+    assert not torch.equal(after["agent"]["actor_logstd"], ckpt["agent"]["actor_logstd"])
+
+
+def test_eval_checkpoint_uses_saved_normalization(tmp_path):
+    result = run(
+        ["--env-id", "Pendulum-v1", "--total-timesteps", "1024", "--run-name", "e", "--save-model", *SMALL], tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    model = tmp_path / "runs" / "e" / "ppo_continuous.model"
+    assert model.is_file()
+    out = run(["--eval-checkpoint", str(model), "--eval-episodes", "3", "--seed", "7"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    line = out.stdout.strip().splitlines()[-1]
+    assert "Pendulum-v1: mean return" in line and "over 3 episodes" in line
+    printed_mean = float(line.split("mean return ")[1].split(" ")[0])
+
+    # The same evaluation in-process, with the saved statistics and with fresh ones: the CLI must match the former.
+    ckpt = ppo_continuous.load_checkpoint(str(model))
+    saved_args = ppo_continuous.Args(**ckpt["args"])
+    agent = ppo_continuous.Agent(3, 1)
+    obs_rms = RunningMeanStd(shape=(3,))
+    ppo_continuous.restore_policy(ckpt, agent, obs_rms, str(model))
+    assert obs_rms.count > 1000, "the saved model must carry the training statistics"
+    with_saved = ppo_continuous.evaluate(agent, obs_rms, "Pendulum-v1", 3, 7, saved_args).mean()
+    with_fresh = ppo_continuous.evaluate(agent, RunningMeanStd(shape=(3,)), "Pendulum-v1", 3, 7, saved_args).mean()
+    assert printed_mean == pytest.approx(with_saved, abs=0.01)
+    assert with_saved != pytest.approx(with_fresh, abs=0.01)
+
+
+def test_same_seed_same_run(tmp_path):
+    args = ["--env-id", "Pendulum-v1", "--total-timesteps", "1024", *SMALL]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert run([*args, "--seed", "3", "--run-name", "s"], tmp_path / "a").returncode == 0
+    assert run([*args, "--seed", "3", "--run-name", "s"], tmp_path / "b").returncode == 0
+    runs = [scalars(tmp_path / d / "runs" / "s") for d in ("a", "b")]
+    for tag in ["charts/episodic_return", "losses/value_loss", "losses/approx_kl"]:
+        a, b = ([e.value for e in acc.Scalars(tag)] for acc in runs)
+        assert a == b, tag
+    ckpts = [torch.load(tmp_path / d / "runs" / "s" / "checkpoint.pt", weights_only=True) for d in ("a", "b")]
+    for key, value in ckpts[0]["agent"].items():
+        assert torch.equal(value, ckpts[1]["agent"][key]), key
+    other = run([*args, "--seed", "4", "--run-name", "t"], tmp_path / "a")
+    assert other.returncode == 0
+    c = [e.value for e in scalars(tmp_path / "a" / "runs" / "t").Scalars("losses/value_loss")]
+    assert c != [e.value for e in runs[0].Scalars("losses/value_loss")], "a different seed must change the run"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Gymnasium autoreset and the truncation bootstrap, on deterministic test envs (tests/envs.py)
+# ---------------------------------------------------------------------------------------------------------------------
+VALUE_FIT = ["--no-norm-obs", "--no-norm-reward", "--no-clip-vloss", "--gamma", "0.5", "--learning-rate", "3e-3"]
+VALUE_FIT += ["--num-envs", "2", "--num-steps", "128", "--num-minibatches", "4", "--quiet"]
+
+
+def critic_values(run_dir: Path) -> np.ndarray:
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    agent = ppo_continuous.Agent(1, 1)
+    agent.load_state_dict(ckpt["agent"])
+    with torch.no_grad():
+        return agent.get_value(torch.arange(5, dtype=torch.float32)[:, None]).numpy()
+
+
+def test_autoreset_records_real_episodes_only(tmp_path):
+    """With SAME_STEP autoreset no fake reset transition enters the data: every 5-step episode returns exactly 5."""
+    result = run(
+        ["--env-id", "tests.envs:Truncating-v0", "--run-name", "c", "--total-timesteps", "1280", *VALUE_FIT], tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    acc = scalars(tmp_path / "runs" / "c")
+    lengths = [e.value for e in acc.Scalars("charts/episodic_length")]
+    returns = [e.value for e in acc.Scalars("charts/episodic_return")]
+    assert len(lengths) == 1280 // 5
+    assert set(lengths) == {5.0} and set(returns) == {5.0}
+
+
+def test_truncation_bootstraps_and_termination_does_not(tmp_path):
+    """Reward 1 per step, gamma 0.5. If the time limit bootstraps from V(final obs), V = 1/(1-0.5) = 2 in every state;
+    had truncation been treated as termination, V would fall to 1 at the last step. A real termination gives
+    V(s_t) = 2 - 0.5^(4-t), i.e. 1 at the last step."""
+    for env_id, name in [("tests.envs:Truncating-v0", "trunc"), ("tests.envs:Terminating-v0", "term")]:
+        result = run(["--env-id", env_id, "--run-name", name, "--total-timesteps", "12800", *VALUE_FIT], tmp_path)
+        assert result.returncode == 0, result.stderr
+    truncating = critic_values(tmp_path / "runs" / "trunc")
+    terminating = critic_values(tmp_path / "runs" / "term")
+    np.testing.assert_allclose(truncating, [2.0] * 5, atol=0.15)
+    np.testing.assert_allclose(terminating, [2 - 0.5**4, 2 - 0.5**3, 2 - 0.5**2, 1.5, 1.0], atol=0.15)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Numerical guard, health warnings, Ctrl-C
+# ---------------------------------------------------------------------------------------------------------------------
+def test_numerical_guard_skips_bad_batches_then_stops(tmp_path):
+    # NaN rewards start after 600 steps of each sub-env: iterations 1-4 (512 steps per env at 2 x 128) are clean.
+    args = ["--env-id", "tests.envs:NanReward-v0", "--run-name", "g", "--checkpoint-every", "1", *VALUE_FIT]
+    result = run([*args, "--total-timesteps", "25600"], tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.count("warning: skipped a bad batch") == 3
+    last = result.stderr.strip().splitlines()[-1]
+    assert "error: stopping: 3 bad batches in a row (last: non-finite rewards)" in last
+    assert "Traceback" not in result.stderr
+    ckpt = torch.load(tmp_path / "runs" / "g" / "checkpoint.pt", weights_only=True)
+    assert ckpt["iteration"] == 4, "the last good checkpoint is kept"
+    assert all(torch.isfinite(v).all() for v in ckpt["agent"].values())
+    assert json.loads((tmp_path / "runs" / "g" / "summary.json").read_text())["status"] == "stopped_by_guard"
+    assert [e.value for e in scalars(tmp_path / "runs" / "g").Scalars("guard/bad_batches")] == [1, 2, 3]
+
+
+def test_health_warnings_name_the_problem():
+    args = ppo_continuous.Args(num_iterations=100)
+    healthy = {"entropy": [8.0 - 0.01 * i for i in range(20)], "approx_kl": [0.01] * 20, "explained_variance": [0.9]}
+    assert ppo_continuous.health_warnings(healthy, 20, args, act_dim=6) == []
+
+    sick = {"entropy": [8.0 - 0.5 * i for i in range(20)], "approx_kl": [0.05] * 20, "explained_variance": [-0.3]}
+    names = [name for name, _ in ppo_continuous.health_warnings(sick, 20, args, act_dim=6)]
+    assert names == ["entropy_collapse", "high_kl", "low_explained_variance"]
+    # explained variance is not judged during warm-up; a single high-KL iteration is not "persistent"
+    early = {"entropy": [8.0], "approx_kl": [0.01] * 4 + [0.5], "explained_variance": [-0.3]}
+    assert ppo_continuous.health_warnings(early, 3, args, act_dim=6) == []
+
+
+def test_health_warning_is_printed_and_logged(tmp_path):
+    result = run(
+        ["--env-id", "Pendulum-v1", "--total-timesteps", "3072", "--run-name", "k", *SMALL, "--learning-rate", "0.05"],
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "warning: approx_kl has stayed above 0.02" in result.stderr
+    assert "health/high_kl" in scalars(tmp_path / "runs" / "k").Tags()["scalars"]
+
+
+def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    args = ["--env-id", "Pendulum-v1", "--total-timesteps", "1000000", "--run-name", "i", "--checkpoint-every", "0"]
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), *args, *SMALL], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True
+    )
+    run_dir = tmp_path / "runs" / "i"
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(run_dir.glob("events.*")):
+        time.sleep(0.5)
+    time.sleep(4)  # let a few iterations run
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert "resume with --resume" in stderr.strip().splitlines()[-1]
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert ckpt["global_step"] > 0 and ckpt["global_step"] % 256 == 0
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
+    total = ckpt["global_step"] + 512
+    resumed = run(
+        [
+            "--env-id",
+            "Pendulum-v1",
+            "--total-timesteps",
+            str(total),
+            "--resume",
+            str(run_dir / "checkpoint.pt"),
+            *SMALL,
+        ],
+        tmp_path,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["global_step"] == total
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Bad input: one line on stderr, non-zero exit, no traceback
+# ---------------------------------------------------------------------------------------------------------------------
+class RunsCode:
+    """A pickle payload that would create a file if it were ever unpickled with full pickle."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def bad_checkpoints(tmp_path: Path) -> dict[str, Path]:
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"this is not a checkpoint")
+    truncated = tmp_path / "truncated.pt"
+    torch.save({"agent": {"w": torch.zeros(1000)}}, truncated)
+    truncated.write_bytes(truncated.read_bytes()[:200])
+    malicious = tmp_path / "malicious.pt"
+    with open(malicious, "wb") as f:
+        pickle.dump({"agent": RunsCode(tmp_path / "pwned")}, f)
+    wrong = tmp_path / "wrong.pt"
+    torch.save({"something": torch.zeros(3)}, wrong)
+    return {"corrupt": corrupt, "truncated": truncated, "malicious": malicious, "wrong": wrong}
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env-id", "NoSuchEnv-v0"], "cannot make env 'NoSuchEnv-v0'"),
+        (["--env-id", "no_such_module:Env-v0"], "cannot make env 'no_such_module:Env-v0'"),
+        (["--env-id", "CartPole-v1"], "needs a continuous (Box) one"),
+        (["--num-minibatches", "3"], "--num-minibatches 3 does not divide the batch"),
+        (["--num-envs", "0"], "--num-envs must be positive"),
+        (["--num-steps", "-5"], "--num-steps must be positive"),
+        (["--total-timesteps", "100"], "is less than one batch"),
+        (["--learning-rate", "0"], "--learning-rate must be positive"),
+        (["--resume", "missing.pt"], "checkpoint not found: missing.pt"),
+        (["--eval-checkpoint", "missing.pt"], "checkpoint not found: missing.pt"),
+        (["--resume", "a.pt", "--eval-checkpoint", "b.pt"], "do not fit together"),
+    ],
+)
+def test_bad_input_one_line_error(tmp_path, args, message):
+    result = run(["--env-id", "Pendulum-v1", *args, "--quiet"], tmp_path, timeout=120)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip() and "WARNING" not in line]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("ppo_continuous.py: error:") and message in lines[0], lines[0]
+    assert not (tmp_path / "runs").exists(), "a refused run must not leave a run folder behind"
+
+
+@pytest.mark.parametrize("kind", ["corrupt", "truncated", "malicious", "wrong"])
+@pytest.mark.parametrize("flag", ["--eval-checkpoint", "--resume"])
+def test_bad_checkpoint_is_refused_without_running_code(tmp_path, kind, flag):
+    path = bad_checkpoints(tmp_path)[kind]
+    result = run([flag, str(path), "--env-id", "Pendulum-v1", "--quiet"], tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"cannot load checkpoint {path}" in lines[0], result.stderr
+    assert not (tmp_path / "pwned").exists(), "loading a checkpoint must never execute code"
+
+
+def test_resume_from_checkpoint_of_another_env_is_refused(tmp_path):
+    first = run(["--env-id", "Pendulum-v1", "--total-timesteps", "256", "--run-name", "x", *SMALL], tmp_path)
+    assert first.returncode == 0
+    ckpt = str(tmp_path / "runs" / "x" / "checkpoint.pt")
+    result = run(["--env-id", "Hopper-v5", "--resume", ckpt, *SMALL], tmp_path)
+    assert result.returncode == 2 and "was trained on Pendulum-v1, not --env-id Hopper-v5" in result.stderr
+
+
+def test_numpy_actor_matches_torch_actor():
+    agent = ppo_continuous.Agent(11, 3)
+    with torch.no_grad():
+        for p in agent.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    obs = np.random.default_rng(0).standard_normal((7, 11)).astype(np.float32)
+    mean_action, std = agent.numpy_actor()
+    np.testing.assert_allclose(mean_action(obs), agent.actor_mean(torch.from_numpy(obs)).detach().numpy(), atol=1e-5)
+    np.testing.assert_allclose(std, agent.actor_logstd.exp().detach().numpy()[0], rtol=1e-6)
+
+
+def test_gaussian_logprob_and_entropy_match_torch_distributions():
+    agent = ppo_continuous.Agent(4, 2)
+    with torch.no_grad():
+        agent.actor_logstd.copy_(torch.tensor([[0.3, -0.7]]))
+    obs, actions = torch.randn(9, 4), torch.randn(9, 2)
+    logprob, entropy, value = agent.evaluate(obs, actions)
+    dist = torch.distributions.Normal(agent.actor_mean(obs), agent.actor_logstd.exp())
+    torch.testing.assert_close(logprob, dist.log_prob(actions).sum(-1))
+    torch.testing.assert_close(entropy, dist.entropy().sum(-1))
+    torch.testing.assert_close(value, agent.critic(obs)[:, 0])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Learning: fails when learning breaks
+# ---------------------------------------------------------------------------------------------------------------------
+def test_learns_pendulum(tmp_path):
+    """RL-Zoo's Pendulum settings (4 envs x 1024 steps, gamma 0.9, lr 1e-3), 100k steps, about a minute here.
+    A random policy scores about -1200; this run reaches about -400 (mean of the last 100 training episodes)."""
+    args = ["--env-id", "Pendulum-v1", "--total-timesteps", "102400", "--num-envs", "4", "--num-steps", "1024"]
+    args += ["--gamma", "0.9", "--learning-rate", "1e-3", "--run-name", "learn", "--save-model", "--quiet"]
+    result = run(args, tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "runs" / "learn" / "summary.json").read_text())
+    assert summary["mean_return_last_episodes"] > -700, summary["mean_return_last_episodes"]
+    evaluation = run(["--eval-checkpoint", str(tmp_path / "runs" / "learn" / "ppo_continuous.model")], tmp_path)
+    assert evaluation.returncode == 0
+    assert float(evaluation.stdout.split("mean return ")[1].split(" ")[0]) > -700
