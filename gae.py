@@ -143,13 +143,14 @@ class RunningMeanStd:
         """Merge a batch of shape (B, *shape). Rows containing NaN or inf are left out, so one bad observation
         cannot poison the statistics for the rest of the run."""
         batch = np.asarray(batch, dtype=np.float64)
-        if batch.shape[0] == 0:
-            return
-        finite_rows = np.isfinite(batch.reshape(batch.shape[0], -1)).all(axis=1)
-        if not finite_rows.all():
-            batch = batch[finite_rows]
-        if batch.shape[0] > 0:
-            self.update_from_moments(batch.mean(axis=0), batch.var(axis=0), batch.shape[0])
+        if not np.isfinite(batch).all():
+            batch = batch[np.isfinite(batch.reshape(batch.shape[0], -1)).all(axis=1)]
+        count = batch.shape[0]
+        if count > 0:
+            # sum/count rather than np.mean/np.var: this runs every env step, and their Python wrappers cost more
+            # than the arithmetic on these small arrays.
+            batch_mean = batch.sum(axis=0) / count
+            self.update_from_moments(batch_mean, np.square(batch - batch_mean).sum(axis=0) / count, count)
 
     def update_from_moments(self, batch_mean: np.ndarray, batch_var: np.ndarray, batch_count: float) -> None:
         if batch_count <= 0:
@@ -181,7 +182,7 @@ class RunningMeanStd:
 
 class RewardScaler:
     """Divides rewards by the running std of the discounted return, as in the PPO implementation details
-    (Engstrom et al. 2020; CleanRL's NormalizeReward), then clips. The return accumulator restarts at every
+    (Engstrom et al. 2020; CleanRL's NormalizeReward), then clips. The return accumulator restarts after every
     episode end, terminated or truncated."""
 
     def __init__(self, num_envs: int, gamma: float, clip: float = 10.0, epsilon: float = 1e-8):
@@ -190,12 +191,17 @@ class RewardScaler:
         self.gamma, self.clip, self.epsilon = gamma, clip, epsilon
 
     def __call__(self, rewards: np.ndarray, episode_ended: np.ndarray, update: bool = True) -> np.ndarray:
-        self.discounted_return = self.discounted_return * self.gamma + rewards
-        finite = np.isfinite(self.discounted_return)
-        if update and finite.any():
-            self.return_rms.update(self.discounted_return[finite])
-        scaled = np.clip(rewards / np.sqrt(self.return_rms.var + self.epsilon), -self.clip, self.clip)
-        # A non-finite reward passes through (the numerical guard rejects its batch) but must not poison the
-        # statistics of the episodes that follow.
-        self.discounted_return[episode_ended | ~finite] = 0.0
-        return scaled
+        """Scale a rollout of rewards of shape (T, N) (or one step, shape (N,)). The statistics first take in the
+        discounted returns of the whole rollout, then every reward of it is divided by the same std."""
+        rewards = np.asarray(rewards, dtype=np.float64)
+        steps, ended = np.atleast_2d(rewards), np.atleast_2d(episode_ended)
+        returns = np.empty_like(steps)
+        for t in range(steps.shape[0]):
+            self.discounted_return = self.discounted_return * self.gamma + steps[t]
+            returns[t] = self.discounted_return
+            # A non-finite reward passes through (the numerical guard rejects its batch) but must not poison the
+            # statistics of the episodes that follow.
+            self.discounted_return[ended[t] | ~np.isfinite(self.discounted_return)] = 0.0
+        if update:
+            self.return_rms.update(returns.reshape(-1))  # skips non-finite entries
+        return np.clip(rewards / np.sqrt(self.return_rms.var + self.epsilon), -self.clip, self.clip)
