@@ -701,7 +701,7 @@ def train(args: Args) -> int:
             for name, message in health_warnings(history, iteration, args, act_dim):
                 health_counts[name] = health_counts.get(name, 0) + 1
                 writer.add_scalar(f"health/{name}", health_counts[name], global_step)
-                if iteration - last_warned.get(name, -(10**9)) >= 20:
+                if iteration - last_warned.get(name, -(10**9)) >= 50:
                     last_warned[name] = iteration
                     tqdm.write(f"{PROG}: warning: {message}", file=sys.stderr)
 
