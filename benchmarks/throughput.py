@@ -1,0 +1,449 @@
+"""Env steps/s of our PPO, Stable-Baselines3 PPO and the raw environment, side by side in one run.
+
+    python benchmarks/throughput.py                 # HalfCheetah-v5 and Hopper-v5, 100k steps, 1 repeat
+    python benchmarks/throughput.py --quick --out-dir /tmp/tp   # smoke test, under 3 minutes on 2 cores
+
+Writes <out-dir>/throughput.md (table plus how it was measured) and <out-dir>/throughput.png, and prints the table.
+
+Measured per env and repeat, implementations interleaved (raw, ppo, sb3, raw, ppo, sb3, ...) to spread machine noise:
+  raw  the random-action step loop of one gym.make env, in this process (the ceiling any learner can reach);
+  ppo  ppo_continuous.py as a subprocess in a fresh temporary working directory;
+  sb3  benchmarks/sb3_ppo.py the same way.
+Whole-process steps/s = env steps actually run / wall time of the whole subprocess (interpreter start, imports, env
+creation, training, saving). In-loop steps/s = the implementation's own rate for its training loop. Median of repeats.
+
+Adding an implementation: write a function (env_id, seed, cfg) -> Result and put it in IMPLS; for a script whose CLI
+looks like ppo_continuous.py's (writes runs/<run-name>/summary.json) that is a call of `run_summary_script`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROG = "throughput.py"
+
+QUICK = {"envs": ["HalfCheetah-v5"], "total_timesteps": 4096, "repeats": 1, "num_steps": 1024, "num_minibatches": 16}
+DEFAULTS = {
+    "envs": ["HalfCheetah-v5", "Hopper-v5"],
+    "total_timesteps": 100_000,
+    "repeats": 1,
+    "num_steps": 2048,
+    "num_minibatches": 32,
+}
+RAW_MAX_STEPS = 100_000  # the raw loop is only a ceiling; more steps add time, not precision
+
+
+class BenchError(Exception):
+    """Reported as one line on stderr."""
+
+
+@dataclass
+class Result:
+    steps: int
+    whole_seconds: float | None  # wall time of the whole process; None when not a separate process (raw)
+    inloop_sps: float  # the implementation's own steps/s of its step/training loop
+
+    @property
+    def whole_sps(self) -> float | None:
+        return None if self.whole_seconds is None else self.steps / self.whole_seconds
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Hyperparameters: passed identically to every learner
+# ---------------------------------------------------------------------------------------------------------------------
+def common_flags(env_id: str, seed: int, cfg: argparse.Namespace) -> list[str]:
+    """Flags both ppo_continuous.py and sb3_ppo.py accept under the same name and meaning.
+
+    Everything else that differs in default between the two scripts is set explicitly per implementation below, so
+    the two run the same algorithm: see `PPO_FLAGS` and `SB3_FLAGS`."""
+    return [
+        f"--env-id={env_id}",
+        f"--seed={seed}",
+        f"--total-timesteps={cfg.total_timesteps}",
+        f"--num-steps={cfg.num_steps}",
+        f"--num-minibatches={cfg.num_minibatches}",
+        "--update-epochs=10",
+        "--learning-rate=0.0003",
+        "--anneal-lr",
+        "--gamma=0.99",
+        "--gae-lambda=0.95",
+        "--clip-coef=0.2",
+        "--ent-coef=0.0",
+        "--max-grad-norm=0.5",
+        "--torch-threads=1",
+    ]
+
+
+# Value loss: ours is 0.5 * MSE * vf_coef, SB3's is MSE * vf_coef, so 0.5 here equals 0.25 there. Both clip the value
+# loss (CleanRL's default). SB3 is hard-wired to the CPU, so ours is kept there too.
+# --num-envs is not common: dppo_ray.py has --num-actors and --num-envs-per-actor instead.
+PPO_FLAGS = ["--num-envs=1", "--vf-coef=0.5", "--clip-vloss", "--no-cuda", "--quiet"]
+SB3_FLAGS = ["--num-envs=1", "--vf-coef=0.25", "--clip-vloss"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Implementations
+# ---------------------------------------------------------------------------------------------------------------------
+def _timed_subprocess(name: str, argv: list[str], cwd: str) -> tuple[str, float]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("MPLBACKEND", "Agg")
+    cmd = [sys.executable, *argv]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        lines = [line for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
+        last = lines[-1].strip() if lines else "(no output)"
+        raise BenchError(f"{name} failed (exit {proc.returncode}): {last}  [command: {shlex.join(cmd)}]")
+    return proc.stdout, seconds
+
+
+def run_summary_script(name: str, script: str, env_id: str, seed: int, cfg, extra: list[str]) -> Result:
+    """A script with ppo_continuous.py's conventions: --run-name NAME writes runs/NAME/summary.json (in its cwd) with
+    env_steps and wall_time_seconds (the training loop's wall time)."""
+    with tempfile.TemporaryDirectory(prefix=f"tp_{name}_") as cwd:
+        run_name = f"{name}_{env_id}_{seed}"
+        argv = [os.path.join(REPO, script), *common_flags(env_id, seed, cfg), f"--run-name={run_name}", *extra]
+        _, seconds = _timed_subprocess(name, argv, cwd)
+        path = os.path.join(cwd, "runs", run_name, "summary.json")
+        try:
+            with open(path) as f:
+                summary = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise BenchError(f"{name} wrote no readable runs/{run_name}/summary.json: {e}") from None
+    steps = int(summary["env_steps"])
+    return Result(steps=steps, whole_seconds=seconds, inloop_sps=steps / float(summary["wall_time_seconds"]))
+
+
+def run_ppo(env_id: str, seed: int, cfg) -> Result:
+    return run_summary_script("ppo", "ppo_continuous.py", env_id, seed, cfg, PPO_FLAGS)
+
+
+def run_sb3(env_id: str, seed: int, cfg) -> Result:
+    with tempfile.TemporaryDirectory(prefix="tp_sb3_") as cwd:
+        argv = [os.path.join(REPO, "benchmarks", "sb3_ppo.py"), *common_flags(env_id, seed, cfg), *SB3_FLAGS]
+        stdout, seconds = _timed_subprocess("sb3", argv, cwd)
+    try:
+        out = json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+    except (IndexError, json.JSONDecodeError):
+        raise BenchError(f"sb3 printed no JSON line; last output: {stdout.strip()[-200:]!r}") from None
+    return Result(steps=int(out["timesteps_run"]), whole_seconds=seconds, inloop_sps=float(out["sps"]))
+
+
+def run_raw(env_id: str, seed: int, cfg) -> Result:
+    """Random actions (drawn beforehand, so only env.step/env.reset are timed) in one gym.make env."""
+    import gymnasium as gym
+    import numpy as np
+
+    try:  # MuJoCo would otherwise write MUJOCO_LOG.TXT into the working directory
+        import mujoco
+
+        log_config = mujoco.MjLogConfig.get()
+        log_config.logto_file = False
+        log_config.set()
+    except (ImportError, AttributeError):
+        pass
+    steps = min(cfg.total_timesteps, RAW_MAX_STEPS)
+    try:
+        env = gym.make(env_id)
+    except Exception as e:  # gymnasium raises several kinds (NameNotFound, ImportError, ...)
+        raise BenchError(f"raw: cannot make env '{env_id}': {str(e).splitlines()[0]}") from None
+    space = env.action_space
+    rng = np.random.default_rng(seed)
+    actions = rng.uniform(space.low, space.high, size=(steps, *space.shape)).astype(space.dtype)
+    env.reset(seed=seed)
+    for action in actions[:100]:  # warm-up: first-call allocations, caches
+        _, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:
+            env.reset()
+    env.reset()
+    start = time.perf_counter()
+    for action in actions:
+        _, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:
+            env.reset()
+    seconds = time.perf_counter() - start
+    env.close()
+    return Result(steps=steps, whole_seconds=None, inloop_sps=steps / seconds)
+
+
+# name -> function(env_id, seed, cfg) -> Result. Runs in this order within each repeat. To add one, e.g.:
+#   def run_dppo_sync(env_id, seed, cfg):
+#       flags = ["--mode=sync", "--num-actors=2", "--vf-coef=0.5", "--clip-vloss", "--no-cuda", "--quiet"]
+#       return run_summary_script("dppo_sync", "dppo_ray.py", env_id, seed, cfg, flags)
+#   IMPLS["dppo_sync"] = run_dppo_sync   (optionally a bar colour in COLORS; `--impls ... dppo_sync` selects it)
+IMPLS: dict[str, Callable[[str, int, argparse.Namespace], Result]] = {
+    "raw": run_raw,
+    "ppo": run_ppo,
+    "sb3": run_sb3,
+}
+DEFAULT_IMPLS = ["raw", "ppo", "sb3"]
+COLORS = {"raw": "#888888", "ppo": "#1f77b4", "sb3": "#ff7f0e"}
+SPARE_COLORS = ["#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]  # impls not in COLORS
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------------------------------
+def machine_header(argv: list[str]) -> tuple[list[str], str]:
+    """(markdown header lines, a short machine description for the plot title)"""
+    import gymnasium
+    import torch
+
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count()
+    if torch.cuda.is_available():
+        gpu = f"GPU: {torch.cuda.get_device_name(0)} (not used: both learners run on the CPU)"
+    else:
+        gpu = "no GPU"
+
+    def version(pkg: str) -> str:
+        try:
+            return importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            return "not installed"
+
+    try:
+        commit = subprocess.run(
+            ["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    load = " / ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    machine = f"{cores} cores ({cpu}), {gpu}"
+    lines = [
+        "# Throughput: env steps/s",
+        "",
+        f"- Command: `{shlex.join(['python', *argv])}`",
+        f"- Date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M:%S UTC')}",
+        f"- Machine: {cores} cores (nproc), {cpu}, {gpu}; load average at start {load} (1/5/15 min)",
+        f"- Versions: Python {platform.python_version()}, torch {torch.__version__}, "
+        f"gymnasium {gymnasium.__version__}, stable-baselines3 {version('stable-baselines3')}, "
+        f"mujoco {version('mujoco')}; repo at {commit}",
+    ]
+    return lines, machine
+
+
+def fmt(x: float | None, spec: str = ",.0f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def median_or_none(values: list[float | None]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def summarize(results: dict[tuple[str, str], list[Result]], envs: list[str], impls: list[str]) -> list[dict]:
+    rows = []
+    for env_id in envs:
+        med = {
+            impl: {
+                "whole": median_or_none([r.whole_sps for r in results[env_id, impl]]),
+                "inloop": median_or_none([r.inloop_sps for r in results[env_id, impl]]),
+                "steps": median_or_none([r.steps for r in results[env_id, impl]]),
+            }
+            for impl in impls
+        }
+        sb3_whole = med.get("sb3", {}).get("whole")
+        raw_limit = med.get("raw", {}).get("inloop")
+        for impl in impls:
+            m = med[impl]
+            rows.append(
+                {
+                    "env": env_id,
+                    "impl": impl,
+                    "steps": m["steps"],
+                    "whole": m["whole"],
+                    "inloop": m["inloop"],
+                    "vs_sb3": m["whole"] / sb3_whole if m["whole"] is not None and sb3_whole else None,
+                    "vs_raw": m["inloop"] / raw_limit if raw_limit else None,
+                }
+            )
+    return rows
+
+
+def markdown_table(rows: list[dict]) -> list[str]:
+    lines = [
+        "| env | impl | steps | whole-process steps/s | in-loop steps/s | ratio to SB3 (whole-process) "
+        "| in-loop / raw-env limit |",
+        "|---|---|--:|--:|--:|--:|--:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['env']} | {r['impl']} | {fmt(r['steps'])} | {fmt(r['whole'])} | {fmt(r['inloop'])} "
+            f"| {fmt(r['vs_sb3'], '.2f')} | {fmt(r['vs_raw'], '.3f')} |"
+        )
+    return lines
+
+
+def plot(rows: list[dict], envs: list[str], impls: list[str], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 2, figsize=(8, 4), dpi=100)
+    spare = iter(SPARE_COLORS * len(impls))
+    colors = {impl: COLORS.get(impl) or next(spare) for impl in impls}
+    by_key = {(r["env"], r["impl"]): r for r in rows}
+    x = np.arange(len(envs))
+    handles = {}
+    for ax, metric, label, shown in (
+        (axes[0], "whole", "whole process", [i for i in impls if i != "raw"]),
+        (axes[1], "inloop", "in loop (log scale)", impls),
+    ):
+        width = 0.8 / max(len(shown), 1)
+        for k, impl in enumerate(shown):
+            values = [by_key[env_id, impl][metric] or 0.0 for env_id in envs]
+            bars = ax.bar(x + (k - (len(shown) - 1) / 2) * width, values, width, label=impl, color=colors[impl])
+            ax.bar_label(bars, labels=[fmt(v) if v else "" for v in values], fontsize=7, padding=1)
+            handles[impl] = bars
+        ax.set_xticks(x, [e.removesuffix("-v5") for e in envs], fontsize=9)
+        ax.set_title(f"steps/s, {label}", fontsize=10)
+        ax.tick_params(axis="y", labelsize=8)
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+        ax.margins(y=0.12)
+    positive = [r["inloop"] for r in rows if r["inloop"]]
+    axes[1].set_yscale("log")
+    if positive:
+        axes[1].set_ylim(min(positive) / 3, max(positive) * 2)
+    fig.legend(
+        [handles[i] for i in impls if i in handles],
+        [i for i in impls if i in handles],
+        loc="lower center",
+        ncol=len(handles),
+        fontsize=8,
+        frameon=False,
+    )
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------------------------------
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--envs", nargs="+", default=None, help=f"env ids (default: {' '.join(DEFAULTS['envs'])})")
+    p.add_argument("--total-timesteps", type=int, default=None, help="per learner run (default: 100000)")
+    p.add_argument("--repeats", "--seeds", dest="repeats", type=int, default=None, help="seeds 1..N (default: 1)")
+    p.add_argument("--num-steps", type=int, default=None, help="rollout length, both learners (default: 2048)")
+    p.add_argument("--num-minibatches", type=int, default=None, help="both learners (default: 32)")
+    p.add_argument("--impls", nargs="+", default=DEFAULT_IMPLS, choices=list(IMPLS), help="in run order")
+    p.add_argument("--out-dir", default=os.path.join("benchmarks", "results"))
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test (<3 min on 2 cores): HalfCheetah-v5, 4096 steps, --num-steps 1024 --num-minibatches 16, "
+        "1 repeat; flags given explicitly still win",
+    )
+    args = p.parse_args(argv)
+    for key, default in (QUICK if args.quick else DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, default)
+    if args.repeats < 1 or args.total_timesteps < 1:
+        p.error("--repeats and --total-timesteps must be positive")
+    if args.total_timesteps < args.num_steps:
+        p.error(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps {args.num_steps})")
+    if args.num_steps % args.num_minibatches:
+        p.error(f"--num-minibatches {args.num_minibatches} does not divide --num-steps {args.num_steps}")
+    args.impls = list(dict.fromkeys(args.impls))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    cfg = parse_args(argv)
+    header, machine = machine_header([os.path.relpath(os.path.abspath(sys.argv[0])), *argv])
+    t0 = time.perf_counter()
+    results: dict[tuple[str, str], list[Result]] = {(e, i): [] for e in cfg.envs for i in cfg.impls}
+    runs = []
+    try:
+        for rep in range(cfg.repeats):
+            seed = rep + 1
+            for env_id in cfg.envs:
+                for impl in cfg.impls:
+                    print(f"[{time.perf_counter() - t0:6.0f}s] {env_id} {impl} seed {seed} ...", file=sys.stderr)
+                    res = IMPLS[impl](env_id, seed, cfg)
+                    results[env_id, impl].append(res)
+                    runs.append((env_id, impl, seed, res))
+    except BenchError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    elapsed = time.perf_counter() - t0
+
+    rows = summarize(results, cfg.envs, cfg.impls)
+    table = markdown_table(rows)
+    hp = (
+        f"{cfg.total_timesteps} timesteps per learner run, --num-steps {cfg.num_steps} --num-minibatches "
+        f"{cfg.num_minibatches}, 1 env, 10 epochs, 1 torch thread, CPU; raw: "
+        f"{min(cfg.total_timesteps, RAW_MAX_STEPS)} random-action steps"
+    )
+    details = ["| env | impl | seed | steps | whole-process s | whole-process steps/s | in-loop steps/s |"]
+    details.append("|---|---|--:|--:|--:|--:|--:|")
+    for env_id, impl, seed, r in runs:
+        details.append(
+            f"| {env_id} | {impl} | {seed} | {r.steps} | {fmt(r.whole_seconds, '.1f')} | {fmt(r.whole_sps)} "
+            f"| {fmt(r.inloop_sps)} |"
+        )
+    md = [
+        *header,
+        f"- Settings: {hp}; {cfg.repeats} repeat(s) (seeds 1..{cfg.repeats}), medians shown; "
+        f"benchmark took {elapsed:.0f} s",
+        "",
+        *table,
+        "",
+        "Whole-process = env steps actually run / wall time of the whole subprocess (start-up, imports, env creation, "
+        "training, saving), run in a fresh temporary directory. In-loop = the implementation's own rate: "
+        "ppo_continuous.py `env_steps / wall_time_seconds` from summary.json, sb3_ppo.py `sps` (time of "
+        "`model.learn`), raw = the bare `env.step` loop in this process, the ceiling for any learner with one env. "
+        "Ratio to SB3 compares whole-process rates on the same env.",
+        "",
+        "## Every run",
+        "",
+        *details,
+        "",
+    ]
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    md_path = os.path.join(cfg.out_dir, "throughput.md")
+    with open(md_path, "w") as f:
+        f.write("\n".join(md))
+    png_path = os.path.join(cfg.out_dir, "throughput.png")
+    plot(rows, cfg.envs, cfg.impls, png_path, f"{cfg.total_timesteps} steps, median of {cfg.repeats}; {machine}")
+    print("\n".join(table))
+    print(f"wrote {md_path} and {png_path} ({elapsed:.0f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
