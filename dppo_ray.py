@@ -22,6 +22,7 @@ import logging
 import os
 import random
 import signal
+import socket
 import sys
 import time
 import warnings
@@ -345,6 +346,9 @@ class RolloutActor:
         self.raw_obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(self.envs)])
         self.episode_returns, self.episode_lengths = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
         self.policy, self.version = None, -1
+        ray_module = sys.modules.get("ray")
+        in_ray = ray_module is not None and ray_module.is_initialized()
+        self.node_id = ray_module.get_runtime_context().get_node_id() if in_ray else "local"
 
     def set_weights(self, weights: dict, version: int) -> int:
         """`weights`: the agent's numpy state dict plus the learner's observation statistics."""
@@ -360,7 +364,7 @@ class RolloutActor:
 
     def rollout(self, num_steps: int) -> dict[str, np.ndarray]:
         if self.policy is None:
-            raise RuntimeError("rollout() before set_weights()")
+            return {"needs_weights": np.array(True)}
         start = time.perf_counter()
         num_envs = len(self.envs)
         obs = np.zeros((num_steps, num_envs, self.raw_obs.shape[1]), dtype=np.float32)
@@ -413,6 +417,7 @@ class RolloutActor:
             "episode_returns": np.array(episode_returns),
             "episode_lengths": np.array(episode_lengths),
             "sample_seconds": np.array(time.perf_counter() - start),
+            "node_id": np.array(self.node_id),
         }
 
 
@@ -491,6 +496,14 @@ def init_ray(args: Args):
         kwargs["object_store_memory"] = args.object_store_memory
     elif args.object_store_memory is not None:
         raise UsageError("--object-store-memory applies to a local Ray; set it with `ray start` on a cluster")
+    if args.ray_address not in (None, "auto", "local"):
+        # ray.init retries an address with no Ray behind it for minutes; a plain TCP probe answers at once.
+        host_port = args.ray_address.split("://")[-1]
+        host, _, port = host_port.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except (OSError, ValueError):
+            raise UsageError(f"cannot reach Ray at --ray-address {args.ray_address}: nothing answers there") from None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -639,6 +652,13 @@ def train(args: Args) -> int:
             device,
             ckpt is not None,
         )
+    except Exception as e:
+        if ray is None or not isinstance(e, ray.exceptions.RayTaskError):
+            raise  # in --no-ray mode an error in an env keeps its full traceback, for the debugger
+        # An exception inside an actor (usually the env's step or reset): report its last line, not Ray's wrapping.
+        last_line = [line for line in str(e).strip().splitlines() if line.strip()][-1]
+        print(f"{PROG}: error: a rollout actor failed: {last_line}", file=sys.stderr)
+        return 1
     finally:
         if ray is not None:
             ray.shutdown()
@@ -698,20 +718,34 @@ def learn(
     signal.signal(signal.SIGINT, on_sigint)
 
     # ---- Weight broadcast: one ray.put of numpy weights + observation statistics, then a cheap call per actor ----
-    def broadcast(only: list[int] | None = None) -> float:
+    def put_weights():
+        return pool.put(agent.numpy_weights() | {"obs_mean": obs_rms.mean.copy(), "obs_var": obs_rms.var.copy()})
+
+    def broadcast() -> float:
+        """One ray.put of the numpy weights and observation statistics, then one small call per actor. Sync mode
+        waits for the acknowledgements, so that the next rollouts surely use the new weights."""
         t0 = time.perf_counter()
-        weights = agent.numpy_weights() | {"obs_mean": obs_rms.mean.copy(), "obs_var": obs_rms.var.copy()}
-        ref = pool.put(weights)
-        acks = [
-            pool.call(i, "set_weights", ref, version) for i in (only if only is not None else range(len(pool.actors)))
-        ]
+        ref = put_weights()
+        acks = [pool.call(i, "set_weights", ref, version) for i in range(len(pool.actors))]
         if args.mode == "sync":
             for ack in acks:
                 try:
                     pool.get(ack)
                 except pool.actor_error_types():
-                    pass  # the rollout call that follows reports the failure and the actor is re-synced then
+                    pass  # the actor's next rollout call reports the failure, and it is re-synced then
         return time.perf_counter() - t0
+
+    def resync(index: int) -> None:
+        """A restarted actor has lost its weights and statistics: send them again, waiting out the restart."""
+        ref, deadline = put_weights(), time.time() + 300
+        while True:
+            try:
+                pool.get(pool.call(index, "set_weights", ref, version))
+                return
+            except pool.actor_error_types():
+                if time.time() > deadline:
+                    raise
+                time.sleep(1.0)
 
     sync_seconds = broadcast()
     in_flight: dict = {}  # ref -> actor index
@@ -727,9 +761,10 @@ def learn(
             "its in-flight rollout is discarded and it is re-synced",
             file=sys.stderr,
         )
-        broadcast(only=[index])
+        resync(index)
 
     recent_returns: deque[float] = deque(maxlen=100)
+    actor_nodes: set[str] = set()
     status, last_stats = "completed", {}
     progress = tqdm(
         total=args.num_iterations * args.batch_size,
@@ -761,6 +796,10 @@ def learn(
                         on_actor_failure(index, e)
                         submit(index)
                         continue
+                    if "needs_weights" in rollout:  # restarted before a broadcast reached it
+                        resync(index)
+                        submit(index)
+                        continue
                     if args.mode == "async":
                         submit(index)  # keep this actor sampling while the learner works
                     lag = version - int(rollout["policy_version"])
@@ -772,6 +811,9 @@ def learn(
                     if len(batch) == args.num_actors:
                         break
             wait_seconds = time.perf_counter() - wait_start
+            if args.mode == "sync":
+                batch.sort(key=lambda item: item[0])  # arrival order varies; actor order keeps runs reproducible
+            actor_nodes.update(str(r["node_id"]) for _, r in batch)
 
             # ---- Episode statistics, normalization statistics, reward scaling ----
             for index, rollout in batch:
@@ -924,6 +966,7 @@ def learn(
         "final_approx_kl": last_stats.get("approx_kl"),
         "mean_return_last_episodes": float(np.mean(recent_returns)) if recent_returns else None,
         "num_last_episodes": len(recent_returns),
+        "actor_nodes": len(actor_nodes),
         **counters,
     }
     with open(os.path.join(run_dir, "summary.json"), "w") as f:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import register
@@ -37,3 +39,22 @@ class CountingEnv(gym.Env):
 register(id="Truncating-v0", entry_point=CountingEnv, max_episode_steps=5, kwargs={"length": 1000})
 register(id="Terminating-v0", entry_point=CountingEnv, kwargs={"length": 5, "terminate": True})
 register(id="NanReward-v0", entry_point=CountingEnv, max_episode_steps=5, kwargs={"length": 1000, "nan_after": 600})
+
+
+class CrashOnceEnv(CountingEnv):
+    """Kills its own process once, mid-run, to test actor restarts: on its `crash_at`-th step, if the file named by
+    $DPPO_CRASH_MARKER does not exist yet, it creates the file and exits the process without cleanup."""
+
+    def __init__(self, crash_at: int = 300, **kwargs):
+        super().__init__(**kwargs)
+        self.crash_at = crash_at
+
+    def step(self, action):
+        marker = os.environ.get("DPPO_CRASH_MARKER")
+        if marker and self.total_steps + 1 == self.crash_at and not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(1)
+        return super().step(action)
+
+
+register(id="CrashOnce-v0", entry_point=CrashOnceEnv, max_episode_steps=5, kwargs={"length": 1000})

@@ -1,0 +1,194 @@
+"""End-to-end tests of dppo_ray.py, run as a user runs it: a subprocess in a fresh working directory, on local Ray,
+on a simulated 2-node Ray cluster, and in --no-ray mode."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "dppo_ray.py"
+
+CARTPOLE = ["--env-id", "CartPole-v1", "--num-actors", "2", "--num-envs-per-actor", "2", "--num-steps", "128"]
+CARTPOLE += ["--num-minibatches", "4", "--update-epochs", "4", "--learning-rate", "2.5e-4", "--ent-coef", "0.01"]
+CARTPOLE += ["--quiet"]
+
+
+def run(args: list[str], cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def summary(cwd: Path, name: str) -> dict:
+    return json.loads((cwd / "runs" / name / "summary.json").read_text())
+
+
+def scalars(cwd: Path, name: str, tag: str) -> list[float]:
+    acc = EventAccumulator(str(cwd / "runs" / name), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [e.value for e in acc.Scalars(tag)]
+
+
+def ray_processes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "ray::" in line or "raylet" in line or "gcs_server" in line]
+
+
+def test_sync_learns_cartpole_and_evaluates(tmp_path):
+    result = run([*CARTPOLE, "--total-timesteps", "200000", "--run-name", "cp", "--save-model"], tmp_path, 600)
+    assert result.returncode == 0, result.stderr
+    s = summary(tmp_path, "cp")
+    assert s["status"] == "completed" and s["env_steps"] == 199680
+    assert s["mean_return_last_episodes"] >= 475, s["mean_return_last_episodes"]
+    assert s["actor_nodes"] == 1
+    assert scalars(tmp_path, "cp", "charts/policy_lag_max") == [0.0] * s["learner_updates"], "sync: no stale data"
+    for tag in ["losses/approx_kl", "charts/SPS", "perf/learner_update_seconds", "perf/learner_wait_seconds"]:
+        assert scalars(tmp_path, "cp", tag), tag
+    evaluation = run(["--eval-checkpoint", str(tmp_path / "runs" / "cp" / "dppo_ray.model")], tmp_path)
+    assert evaluation.returncode == 0, evaluation.stderr
+    assert float(evaluation.stdout.split("mean return ")[1].split(" ")[0]) >= 475
+    assert sorted(os.listdir(tmp_path)) == ["runs"]
+    assert not ray_processes(), "Ray processes were left behind"
+
+
+def test_sync_mode_is_reproducible(tmp_path):
+    args = [*CARTPOLE, "--total-timesteps", "4096", "--run-name", "s", "--seed", "5"]
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        result = run(args, tmp_path / folder)
+        assert result.returncode == 0, result.stderr
+    for tag in ["charts/episodic_return", "losses/value_loss", "losses/approx_kl"]:
+        assert scalars(tmp_path / "a", "s", tag) == scalars(tmp_path / "b", "s", tag), tag
+    weights = [torch.load(tmp_path / f / "runs" / "s" / "checkpoint.pt", weights_only=True)["agent"] for f in "ab"]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_async_bounds_policy_lag_and_counts_drops(tmp_path):
+    """With --max-policy-lag 0, the rollout each actor samples while the learner updates is one version old and is
+    dropped; only fresh rollouts are trained on. The module:id env form must resolve inside the actors."""
+    args = ["--env-id", "tests.envs:Truncating-v0", "--mode", "async", "--max-policy-lag", "0", "--num-steps", "64"]
+    args += ["--num-minibatches", "2", "--update-epochs", "2", "--total-timesteps", "2560", "--run-name", "a"]
+    result = run([*args, "--quiet"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    s = summary(tmp_path, "a")
+    assert s["env_steps"] == 2560 and s["dropped_rollouts"] > 0
+    assert set(scalars(tmp_path, "a", "charts/policy_lag_max")) == {0.0}
+    assert scalars(tmp_path, "a", "charts/dropped_rollouts")[-1] == s["dropped_rollouts"]
+
+
+def test_async_default_lag_is_logged_and_within_bound(tmp_path):
+    args = [*CARTPOLE, "--mode", "async", "--max-policy-lag", "2", "--total-timesteps", "8192", "--run-name", "b"]
+    result = run(args, tmp_path)
+    assert result.returncode == 0, result.stderr
+    lag_max = scalars(tmp_path, "b", "charts/policy_lag_max")
+    lag_mean = scalars(tmp_path, "b", "charts/policy_lag_mean")
+    assert max(lag_max) <= 2 and max(lag_max) >= 1, "async actors sample while the learner updates"
+    assert all(0 <= m <= 2 for m in lag_mean)
+    assert summary(tmp_path, "b")["env_steps"] == 8192
+
+
+def test_killed_actor_is_restarted_and_the_run_completes(tmp_path):
+    marker = tmp_path / "crashed"
+    args = ["--env-id", "tests.envs:CrashOnce-v0", "--num-steps", "128", "--num-minibatches", "2"]
+    args += ["--update-epochs", "2", "--total-timesteps", "2560", "--run-name", "k", "--quiet"]
+    result = run(args, tmp_path, env={"DPPO_CRASH_MARKER": str(marker)})
+    assert result.returncode == 0, result.stderr
+    assert marker.exists(), "the test env should have killed an actor"
+    assert "warning: actor" in result.stderr and "failed" in result.stderr
+    s = summary(tmp_path, "k")
+    assert s["status"] == "completed" and s["env_steps"] == 2560
+    assert s["actor_restarts"] >= 1 and s["lost_rollouts"] >= 1
+
+
+def test_two_node_cluster_places_actors_on_both_nodes(tmp_path):
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        args = [*CARTPOLE, "--ray-address", cluster.address, "--total-timesteps", "2048", "--run-name", "c"]
+        result = run(args, tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert summary(tmp_path, "c")["actor_nodes"] == 2
+    finally:
+        cluster.shutdown()
+
+
+def test_resume_in_process_mode(tmp_path):
+    base = [*CARTPOLE, "--no-ray", "--run-name", "r"]
+    first = run([*base, "--total-timesteps", "2048"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    ckpt = tmp_path / "runs" / "r" / "checkpoint.pt"
+    assert torch.load(ckpt, weights_only=True)["version"] == 4
+    second = run([*base, "--total-timesteps", "4096", "--resume", str(ckpt)], tmp_path)
+    assert second.returncode == 0, second.stderr
+    s = summary(tmp_path, "r")
+    assert s["env_steps"] == 4096 and s["learner_updates"] == 8
+    acc = EventAccumulator(str(tmp_path / "runs" / "r"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert sorted({e.step for e in acc.Scalars("losses/approx_kl")}) == [512 * i for i in range(1, 9)]
+
+
+def test_ctrl_c_checkpoints_and_leaves_no_ray_processes(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    args = [*CARTPOLE, "--total-timesteps", "10000000", "--run-name", "i", "--checkpoint-every", "0"]
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), *args], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True
+    )
+    run_dir = tmp_path / "runs" / "i"
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(run_dir.glob("events.*")):
+        time.sleep(0.5)
+    time.sleep(5)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert ckpt["global_step"] > 0 and summary(tmp_path, "i")["status"] == "interrupted"
+    time.sleep(2)
+    assert not ray_processes(), "Ray processes were left behind"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env-id", "NoSuchEnv-v0"], "cannot make env 'NoSuchEnv-v0'"),
+        (["--env-id", "no_such_module:Env-v0"], "cannot make env 'no_such_module:Env-v0'"),
+        (["--num-minibatches", "3"], "--num-minibatches 3 does not divide the batch"),
+        (["--num-actors", "0"], "--num-actors must be positive"),
+        (["--ray-address", "127.0.0.1:1"], "cannot reach Ray at --ray-address 127.0.0.1:1"),
+        (["--ray-address", "auto"], "cannot reach Ray at --ray-address auto"),
+        (["--num-actors", "3", "--actor-cpus", "1"], "needs 3 CPUs; the cluster has"),
+        (["--resume", "missing.pt"], "checkpoint not found: missing.pt"),
+        (["--eval-checkpoint", "missing.pt"], "checkpoint not found: missing.pt"),
+        (["--no-ray", "--ray-address", "auto"], "do not fit together"),
+        (["--stale-correction", "decoupled"], "--stale-correction needs stale data"),
+    ],
+)
+def test_bad_input_one_line_error(tmp_path, args, message):
+    result = run(["--env-id", "CartPole-v1", *args, "--quiet"], tmp_path, timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("dppo_ray.py: error:") and message in lines[0], lines[0]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_corrupt_checkpoint_refused(tmp_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"garbage")
+    result = run(["--eval-checkpoint", str(bad)], tmp_path)
+    assert result.returncode == 2 and f"cannot load checkpoint {bad}" in result.stderr
