@@ -113,12 +113,19 @@ def _timed_subprocess(name: str, argv: list[str], cwd: str) -> tuple[str, float]
     return proc.stdout, seconds
 
 
-def run_summary_script(name: str, script: str, env_id: str, seed: int, cfg, extra: list[str]) -> Result:
+def run_summary_script(
+    name: str, script: str, env_id: str, seed: int, cfg, extra: list[str], num_actors: int | None = None
+) -> Result:
     """A script with ppo_continuous.py's conventions: --run-name NAME writes runs/NAME/summary.json (in its cwd) with
-    env_steps and wall_time_seconds (the training loop's wall time)."""
+    env_steps and wall_time_seconds (the training loop's wall time). With `num_actors` (dppo_ray.py), each actor
+    samples num_steps / num_actors steps, so the batch, minibatches and epochs stay those of the others."""
+    flags = common_flags(env_id, seed, cfg)
+    if num_actors is not None:
+        flags = [f for f in flags if not f.startswith("--num-steps=")]
+        flags += [f"--num-steps={cfg.num_steps // num_actors}", f"--num-actors={num_actors}"]
     with tempfile.TemporaryDirectory(prefix=f"tp_{name}_") as cwd:
         run_name = f"{name}_{env_id}_{seed}"
-        argv = [os.path.join(REPO, script), *common_flags(env_id, seed, cfg), f"--run-name={run_name}", *extra]
+        argv = [os.path.join(REPO, script), *flags, f"--run-name={run_name}", *extra]
         _, seconds = _timed_subprocess(name, argv, cwd)
         path = os.path.join(cwd, "runs", run_name, "summary.json")
         try:
@@ -182,18 +189,30 @@ def run_raw(env_id: str, seed: int, cfg) -> Result:
     return Result(steps=steps, whole_seconds=None, inloop_sps=steps / seconds)
 
 
-# name -> function(env_id, seed, cfg) -> Result. Runs in this order within each repeat. To add one, e.g.:
-#   def run_dppo_sync(env_id, seed, cfg):
-#       flags = ["--mode=sync", "--num-actors=2", "--vf-coef=0.5", "--clip-vloss", "--no-cuda", "--quiet"]
-#       return run_summary_script("dppo_sync", "dppo_ray.py", env_id, seed, cfg, flags)
-#   IMPLS["dppo_sync"] = run_dppo_sync   (optionally a bar colour in COLORS; `--impls ... dppo_sync` selects it)
+DPPO_FLAGS = ["--num-envs-per-actor=1", "--vf-coef=0.5", "--clip-vloss", "--no-cuda", "--quiet"]
+
+
+def run_dppo_sync(env_id: str, seed: int, cfg) -> Result:
+    flags = [*DPPO_FLAGS, "--mode=sync"]
+    return run_summary_script("dppo_sync", "dppo_ray.py", env_id, seed, cfg, flags, num_actors=cfg.num_actors)
+
+
+def run_dppo_async(env_id: str, seed: int, cfg) -> Result:
+    flags = [*DPPO_FLAGS, "--mode=async", "--max-policy-lag=2"]
+    return run_summary_script("dppo_async", "dppo_ray.py", env_id, seed, cfg, flags, num_actors=cfg.num_actors)
+
+
+# name -> function(env_id, seed, cfg) -> Result. Runs in this order within each repeat. To add one, write such a
+# function (run_summary_script covers scripts with ppo_continuous.py's conventions) and register it here.
 IMPLS: dict[str, Callable[[str, int, argparse.Namespace], Result]] = {
     "raw": run_raw,
     "ppo": run_ppo,
     "sb3": run_sb3,
+    "dppo_sync": run_dppo_sync,
+    "dppo_async": run_dppo_async,
 }
-DEFAULT_IMPLS = ["raw", "ppo", "sb3"]
-COLORS = {"raw": "#888888", "ppo": "#1f77b4", "sb3": "#ff7f0e"}
+DEFAULT_IMPLS = ["raw", "ppo", "sb3", "dppo_sync", "dppo_async"]
+COLORS = {"raw": "#888888", "ppo": "#1f77b4", "sb3": "#ff7f0e", "dppo_sync": "#2ca02c", "dppo_async": "#d62728"}
 SPARE_COLORS = ["#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]  # impls not in COLORS
 
 
@@ -356,6 +375,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--repeats", "--seeds", dest="repeats", type=int, default=None, help="seeds 1..N (default: 1)")
     p.add_argument("--num-steps", type=int, default=None, help="rollout length, both learners (default: 2048)")
     p.add_argument("--num-minibatches", type=int, default=None, help="both learners (default: 32)")
+    p.add_argument("--num-actors", type=int, default=2, help="dppo_ray.py actors; each samples num_steps / actors")
     p.add_argument("--impls", nargs="+", default=DEFAULT_IMPLS, choices=list(IMPLS), help="in run order")
     p.add_argument("--out-dir", default=os.path.join("benchmarks", "results"))
     p.add_argument(

@@ -1,0 +1,176 @@
+"""DPPO throughput as actors are added, against linear scaling (and RLlib PPO with as many env runners).
+
+    python benchmarks/scaling.py                                   # 1, 2, 4, 8 actors on a 5 ms-latency env
+    python benchmarks/scaling.py --envs HalfCheetah-v5 --actors 1 2 4
+    python benchmarks/scaling.py --rllib-python /work/rllib-venv/bin/python   # adds RLlib (its own venv)
+    python benchmarks/scaling.py --quick --out-dir /tmp/sc        # smoke test, under 3 minutes on 2 cores
+
+Every run is dppo_ray.py in async mode with one env per actor and the same per-actor rollout, minibatch size and
+epochs, so the batch grows with the actors. Throughput is measured in steady state, from the learner's first update
+to its last (actor start-up excluded), from the TensorBoard event times; the whole-run rate is reported beside it.
+Writes <out-dir>/scaling.md and <out-dir>/scaling.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LATENCY_ENV = "benchmarks.envs:SlowPendulum-v1"
+
+
+def steady_state_rate(run_dir: str) -> float:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    events = acc.Scalars("losses/approx_kl")
+    if len(events) < 3:
+        raise SystemExit(f"scaling.py: error: too few updates in {run_dir} to measure a steady state")
+    return (events[-1].step - events[0].step) / (events[-1].wall_time - events[0].wall_time)
+
+
+def run_dppo(env_id: str, actors: int, cfg: argparse.Namespace) -> dict:
+    cores = os.cpu_count() or 1
+    actor_cpus = min(1.0, cores / actors)
+    total = actors * cfg.num_steps * cfg.updates
+    argv = [sys.executable, os.path.join(REPO, "dppo_ray.py"), f"--env-id={env_id}", "--mode=async"]
+    argv += [f"--num-actors={actors}", "--num-envs-per-actor=1", f"--num-steps={cfg.num_steps}"]
+    argv += [f"--num-minibatches={actors}", "--update-epochs=4", f"--total-timesteps={total}"]
+    argv += [f"--actor-cpus={actor_cpus:g}", "--max-policy-lag=4", "--no-cuda", "--quiet", "--run-name=s"]
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    with tempfile.TemporaryDirectory(prefix="scaling_") as cwd:
+        start = time.perf_counter()
+        proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+        if proc.returncode != 0:
+            lines = [line for line in proc.stderr.splitlines() if line.strip()] or ["(no output)"]
+            raise SystemExit(f"scaling.py: error: dppo with {actors} actors failed: {lines[-1]}")
+        with open(os.path.join(cwd, "runs", "s", "summary.json")) as f:
+            summary = json.load(f)
+        steady = steady_state_rate(os.path.join(cwd, "runs", "s"))
+    steps = summary["env_steps"]
+    return {"steady": steady, "whole": steps / seconds, "steps": steps, "actor_cpus": actor_cpus}
+
+
+def run_rllib(python: str, env_id: str, runners: int, cfg: argparse.Namespace) -> dict:
+    cores = os.cpu_count() or 1
+    argv = [python, os.path.join(REPO, "benchmarks", "rllib_ppo.py"), f"--env-id={env_id}"]
+    argv += [f"--num-env-runners={runners}", f"--env-runner-cpus={min(1.0, cores / runners):g}"]
+    argv += [f"--train-batch-size={runners * cfg.num_steps}", f"--minibatch-size={cfg.num_steps}", "--num-epochs=4"]
+    argv += [f"--total-timesteps={runners * cfg.num_steps * cfg.updates}"]
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    with tempfile.TemporaryDirectory(prefix="scaling_rllib_") as cwd:
+        start = time.perf_counter()
+        proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        lines = [line for line in proc.stderr.splitlines() if line.strip()] or ["(no output)"]
+        raise SystemExit(f"scaling.py: error: rllib with {runners} env runners failed: {lines[-1]}")
+    out = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+    return {"steady": float(out["sps"]), "whole": out["total_timesteps"] / seconds, "steps": out["total_timesteps"]}
+
+
+def machine() -> str:
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{os.cpu_count()} cores ({model}), no GPU"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--envs", nargs="+", default=[LATENCY_ENV])
+    p.add_argument("--actors", nargs="+", type=int, default=[1, 2, 4, 8])
+    p.add_argument("--num-steps", type=int, default=256, help="per-actor rollout length (also the minibatch size)")
+    p.add_argument("--updates", type=int, default=24, help="learner updates per run")
+    p.add_argument("--rllib-python", default=None, help="python of a venv with ray[rllib] (benchmarks/README)")
+    p.add_argument("--out-dir", default=os.path.join("benchmarks", "results"))
+    p.add_argument("--quick", action="store_true", help="smoke test: 1 and 2 actors, short runs")
+    cfg = p.parse_args()
+    if cfg.quick:
+        cfg.actors, cfg.num_steps, cfg.updates = [1, 2], 64, 6
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    rows = []
+    for env_id in cfg.envs:
+        for actors in cfg.actors:
+            print(f"{env_id}: dppo with {actors} actors ...", file=sys.stderr, flush=True)
+            rows.append({"env": env_id, "impl": "dppo", "actors": actors, **run_dppo(env_id, actors, cfg)})
+            if cfg.rllib_python:
+                print(f"{env_id}: rllib with {actors} env runners ...", file=sys.stderr, flush=True)
+                rows.append(
+                    {
+                        "env": env_id,
+                        "impl": "rllib",
+                        "actors": actors,
+                        **run_rllib(cfg.rllib_python, env_id, actors, cfg),
+                    }
+                )
+
+    lines = [
+        "# DPPO scaling",
+        "",
+        f"Command: `python {' '.join(sys.argv)}`  ",
+        f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",
+        f"Machine: {machine()}  ",
+        f"Per actor: 1 env, {cfg.num_steps}-step rollouts; minibatch {cfg.num_steps}; 4 epochs; async mode.",
+        "",
+        "| env | impl | actors | steady-state env steps/s | whole-run env steps/s | speed-up | efficiency vs linear |",
+        "|---|---|--:|--:|--:|--:|--:|",
+    ]
+    for row in rows:
+        base = next(
+            r for r in rows if r["env"] == row["env"] and r["impl"] == row["impl"] and r["actors"] == min(cfg.actors)
+        )
+        speedup = row["steady"] / base["steady"]
+        row["efficiency"] = speedup / (row["actors"] / base["actors"])
+        lines.append(
+            f"| {row['env']} | {row['impl']} | {row['actors']} | {row['steady']:,.0f} | {row['whole']:,.0f} | "
+            f"{speedup:.2f}x | {row['efficiency']:.0%} |"
+        )
+    with open(os.path.join(cfg.out_dir, "scaling.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(cfg.envs), figsize=(4.5 * len(cfg.envs), 3.6), squeeze=False)
+    for ax, env_id in zip(axes[0], cfg.envs):
+        for impl, style in (("dppo", "o-"), ("rllib", "s--")):
+            points = [r for r in rows if r["env"] == env_id and r["impl"] == impl]
+            if points:
+                ax.plot([r["actors"] for r in points], [r["steady"] for r in points], style, label=impl)
+        dppo = [r for r in rows if r["env"] == env_id and r["impl"] == "dppo"]
+        ax.plot(
+            [r["actors"] for r in dppo],
+            [dppo[0]["steady"] * r["actors"] / dppo[0]["actors"] for r in dppo],
+            ":",
+            color="gray",
+            label="linear",
+        )
+        ax.set_xlabel("actors (RLlib: env runners)")
+        ax.set_ylabel("env steps/s (steady state)")
+        ax.set_title(env_id.split(":")[-1], fontsize=9)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(cfg.out_dir, "scaling.png"), dpi=100)
+    print(f"wrote {cfg.out_dir}/scaling.md and scaling.png", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
