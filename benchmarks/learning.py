@@ -156,9 +156,15 @@ def main() -> int:
         cfg.envs, cfg.seeds, cfg.total_timesteps, cfg.run = ["Pendulum-v1"], 1, 8192, True
         cfg.num_steps, cfg.num_minibatches = 1024, 8
         cfg.runs_root = os.path.join(tempfile.mkdtemp(prefix="learning_quick_"), "runs")
-    if cfg.run:
-        run_missing(cfg)
-    curves, rows = summarize(cfg)
+    try:
+        if cfg.run:
+            run_missing(cfg)
+        curves, rows = summarize(cfg)
+    finally:
+        if cfg.quick:
+            import shutil
+
+            shutil.rmtree(os.path.dirname(cfg.runs_root), ignore_errors=True)
     if not rows:
         raise SystemExit(f"learning.py: error: no runs found under {os.path.join(cfg.runs_root, cfg.group)}")
 
