@@ -582,6 +582,9 @@ def train(args: Args) -> int:
             # ---- Normalize the batch with the statistics the policy acted on, then let the statistics learn from it
             obs_buf = normalize_obs(raw_obs_buf)
             next_obs = normalize_obs(raw_obs)
+            if truncated_final_obs:
+                steps_idx, envs_idx, finals = zip(*truncated_final_obs)
+                final_obs_buf = normalize_obs(np.stack(finals))
             if args.norm_obs:
                 obs_rms.update(raw_obs_buf.reshape(-1, obs_dim))
             rewards_np = raw_rewards_buf
@@ -598,9 +601,8 @@ def train(args: Args) -> int:
                 # last step, and V(final obs) where a time limit cut the episode (a reset obs is not a successor).
                 next_values = torch.cat([values[1:], agent.get_value(torch.from_numpy(next_obs).to(device))[None]])
                 if truncated_final_obs:
-                    steps_idx, envs_idx, finals = zip(*truncated_final_obs)
-                    finals_t = torch.from_numpy(normalize_obs(np.stack(finals))).to(device)
-                    next_values[list(steps_idx), list(envs_idx)] = agent.get_value(finals_t)
+                    final_values = agent.get_value(torch.from_numpy(final_obs_buf).to(device))
+                    next_values[list(steps_idx), list(envs_idx)] = final_values
                 rewards = torch.from_numpy(rewards_np.astype(np.float32)).to(device)
                 advantages, returns = compute_gae(
                     rewards,

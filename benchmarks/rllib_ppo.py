@@ -39,6 +39,7 @@ quiet_mujoco()
 
 import gymnasium as gym  # noqa: E402
 import ray  # noqa: E402
+import torch  # noqa: E402
 from ray.rllib.algorithms.ppo import PPOConfig  # noqa: E402
 from ray.rllib.connectors.env_to_module import MeanStdFilter  # noqa: E402
 from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig  # noqa: E402
@@ -80,14 +81,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--vf-coef", type=float, default=0.5)
     p.add_argument("--ent-coef", type=float, default=0.0)
     p.add_argument("--max-grad-norm", type=float, default=0.5)
+    p.add_argument("--torch-threads", type=int, default=1, help="torch threads of the driver (which hosts the learner)")
     p.add_argument(
         "--obs-norm", action=argparse.BooleanOptionalAction, default=True, help="MeanStdFilter on observations"
     )
     args = p.parse_args()
     if args.total_timesteps < 1 or args.train_batch_size < 1 or args.num_envs_per_env_runner < 1:
         p.error("--total-timesteps, --train-batch-size and --num-envs-per-env-runner must be >= 1")
-    if args.num_env_runners < 0 or args.env_runner_cpus <= 0:
-        p.error("--num-env-runners must be >= 0 and --env-runner-cpus > 0")
+    if args.num_env_runners < 0 or args.env_runner_cpus <= 0 or args.torch_threads < 1:
+        p.error("--num-env-runners must be >= 0, --env-runner-cpus > 0 and --torch-threads >= 1")
     if not 1 <= args.minibatch_size <= args.train_batch_size:
         p.error("--minibatch-size must be between 1 and --train-batch-size")
     return args
@@ -135,6 +137,7 @@ def build_config(args: argparse.Namespace) -> PPOConfig:
 
 def main() -> None:
     args = parse_args()
+    torch.set_num_threads(args.torch_threads)
     register_env(ENV_NAME, make_env)
     ray.init(
         include_dashboard=False,
