@@ -510,13 +510,14 @@ def init_ray(args: Args):
             ray.init(address=args.ray_address, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise UsageError(f"cannot reach Ray at --ray-address {args.ray_address}: {str(e).splitlines()[0]}") from None
-    cluster_cpus = ray.cluster_resources().get("CPU", 0)
+    # Actors that do not fit would wait for CPUs forever: refuse at once, counting only what is free now.
+    total_cpus, free_cpus = ray.cluster_resources().get("CPU", 0), ray.available_resources().get("CPU", 0)
     needed = args.num_actors * args.actor_cpus
-    if needed > cluster_cpus:
+    if needed > free_cpus:
         ray.shutdown()
         raise UsageError(
             f"--num-actors {args.num_actors} x --actor-cpus {args.actor_cpus} needs {needed:g} CPUs; the cluster has "
-            f"{cluster_cpus:g} (use fractional --actor-cpus to share cores)"
+            f"{free_cpus:g} free of {total_cpus:g} (use fractional --actor-cpus to share cores)"
         )
     return ray
 
@@ -600,7 +601,6 @@ def train(args: Args) -> int:
     run_name = args.run_name or f"{args.env_id.replace(':', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     args.run_name = run_name
     run_dir = os.path.join("runs", run_name)
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
 
     random.seed(args.seed)
     np.random.seed(args.seed)  # noqa: NPY002 (seeds third-party code)
@@ -609,6 +609,25 @@ def train(args: Args) -> int:
     torch.set_num_threads(args.torch_threads)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
+    ray = init_ray(args)
+    try:
+        return learn(args, ray, ckpt, (obs_dim, action_dim, discrete), run_dir, device)
+    except Exception as e:
+        if ray is None or not isinstance(e, ray.exceptions.RayTaskError):
+            raise  # in --no-ray mode an error in an env keeps its full traceback, for the debugger
+        # An exception inside an actor (usually the env's step or reset): report its last line, not Ray's wrapping.
+        last_line = [line for line in str(e).strip().splitlines() if line.strip()][-1]
+        print(f"{PROG}: error: a rollout actor failed: {last_line}", file=sys.stderr)
+        return 1
+    finally:
+        if ray is not None:
+            ray.shutdown()
+
+
+def learn(args: Args, ray, ckpt: dict | None, spaces: tuple[int, int, bool], run_dir: str, device) -> int:
+    """The learner: agent, optimizer and statistics (restored from `ckpt` on --resume), the actors, the loop."""
+    obs_dim, action_dim, discrete = spaces
+    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
     agent = Agent(obs_dim, action_dim, discrete).to(device)
     parameters = list(agent.parameters())
     optimizer = torch.optim.Adam(parameters, lr=args.learning_rate, eps=1e-5, fused=True)
@@ -631,56 +650,9 @@ def train(args: Args) -> int:
         counters.update(ckpt["counters"])
         torch.set_rng_state(ckpt["torch_rng"])
 
-    ray = init_ray(args)
-    try:
-        pool = ActorPool(args, ray)
-        os.makedirs(run_dir, exist_ok=True)
-        return learn(
-            args,
-            pool,
-            agent,
-            optimizer,
-            parameters,
-            obs_rms,
-            reward_scalers,
-            global_step,
-            version,
-            wall_time_before,
-            counters,
-            run_dir,
-            checkpoint_path,
-            device,
-            ckpt is not None,
-        )
-    except Exception as e:
-        if ray is None or not isinstance(e, ray.exceptions.RayTaskError):
-            raise  # in --no-ray mode an error in an env keeps its full traceback, for the debugger
-        # An exception inside an actor (usually the env's step or reset): report its last line, not Ray's wrapping.
-        last_line = [line for line in str(e).strip().splitlines() if line.strip()][-1]
-        print(f"{PROG}: error: a rollout actor failed: {last_line}", file=sys.stderr)
-        return 1
-    finally:
-        if ray is not None:
-            ray.shutdown()
-
-
-def learn(
-    args,
-    pool,
-    agent,
-    optimizer,
-    parameters,
-    obs_rms,
-    reward_scalers,
-    global_step,
-    version,
-    wall_time_before,
-    counters,
-    run_dir,
-    checkpoint_path,
-    device,
-    resumed,
-) -> int:
+    pool = ActorPool(args, ray)
+    os.makedirs(run_dir, exist_ok=True)
+    resumed = ckpt is not None
     writer = SummaryWriter(run_dir, purge_step=global_step + 1 if resumed else None)
     if not resumed:
         writer.add_text(
