@@ -92,6 +92,10 @@ def parse_args() -> argparse.Namespace:
         p.error("--num-env-runners must be >= 0, --env-runner-cpus > 0 and --torch-threads >= 1")
     if not 1 <= args.minibatch_size <= args.train_batch_size:
         p.error("--minibatch-size must be between 1 and --train-batch-size")
+    # Ray would otherwise leave the env runners that don't fit pending and build_algo() would wait forever.
+    needed = args.num_env_runners * args.env_runner_cpus
+    if needed > os.cpu_count() + 1e-9:
+        p.error(f"--num-env-runners x --env-runner-cpus = {needed:g} exceeds the {os.cpu_count()} CPUs")
     return args
 
 
