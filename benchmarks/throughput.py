@@ -98,11 +98,11 @@ SB3_FLAGS = ["--num-envs=1", "--vf-coef=0.25", "--clip-vloss"]
 # ---------------------------------------------------------------------------------------------------------------------
 # Implementations
 # ---------------------------------------------------------------------------------------------------------------------
-def _timed_subprocess(name: str, argv: list[str], cwd: str) -> tuple[str, float]:
+def _timed_subprocess(name: str, argv: list[str], cwd: str, python: str = sys.executable) -> tuple[str, float]:
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("MPLBACKEND", "Agg")
-    cmd = [sys.executable, *argv]
+    cmd = [python, *argv]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     seconds = time.perf_counter() - start
@@ -202,6 +202,24 @@ def run_dppo_async(env_id: str, seed: int, cfg) -> Result:
     return run_summary_script("dppo_async", "dppo_ray.py", env_id, seed, cfg, flags, num_actors=cfg.num_actors)
 
 
+def run_rllib(env_id: str, seed: int, cfg) -> Result:
+    """RLlib PPO (benchmarks/rllib_ppo.py) in its own venv (--rllib-python), with --num-actors env runners and the
+    same batch, minibatch size and epochs."""
+    if not cfg.rllib_python:
+        raise BenchError("rllib needs --rllib-python, the python of a venv with benchmarks/requirements-rllib.txt")
+    argv = [os.path.join(REPO, "benchmarks", "rllib_ppo.py"), f"--env-id={env_id}", f"--seed={seed}"]
+    argv += [f"--total-timesteps={cfg.total_timesteps}", f"--num-env-runners={cfg.num_actors}"]
+    argv += [f"--train-batch-size={cfg.num_steps}", f"--minibatch-size={cfg.num_steps // cfg.num_minibatches}"]
+    argv += ["--num-epochs=10", "--torch-threads=1"]
+    with tempfile.TemporaryDirectory(prefix="tp_rllib_") as cwd:
+        stdout, seconds = _timed_subprocess("rllib", argv, cwd, python=cfg.rllib_python)
+    try:
+        out = json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+    except (IndexError, json.JSONDecodeError):
+        raise BenchError(f"rllib printed no JSON line; last output: {stdout.strip()[-200:]!r}") from None
+    return Result(steps=int(out["total_timesteps"]), whole_seconds=seconds, inloop_sps=float(out["sps"]))
+
+
 # name -> function(env_id, seed, cfg) -> Result. Runs in this order within each repeat. To add one, write such a
 # function (run_summary_script covers scripts with ppo_continuous.py's conventions) and register it here.
 IMPLS: dict[str, Callable[[str, int, argparse.Namespace], Result]] = {
@@ -210,6 +228,7 @@ IMPLS: dict[str, Callable[[str, int, argparse.Namespace], Result]] = {
     "sb3": run_sb3,
     "dppo_sync": run_dppo_sync,
     "dppo_async": run_dppo_async,
+    "rllib": run_rllib,
 }
 DEFAULT_IMPLS = ["raw", "ppo", "sb3", "dppo_sync", "dppo_async"]
 COLORS = {"raw": "#888888", "ppo": "#1f77b4", "sb3": "#ff7f0e", "dppo_sync": "#2ca02c", "dppo_async": "#d62728"}
@@ -375,7 +394,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--repeats", "--seeds", dest="repeats", type=int, default=None, help="seeds 1..N (default: 1)")
     p.add_argument("--num-steps", type=int, default=None, help="rollout length, both learners (default: 2048)")
     p.add_argument("--num-minibatches", type=int, default=None, help="both learners (default: 32)")
-    p.add_argument("--num-actors", type=int, default=2, help="dppo_ray.py actors; each samples num_steps / actors")
+    p.add_argument(
+        "--num-actors",
+        type=int,
+        default=2,
+        help="dppo_ray.py actors (each samples num_steps / actors), and RLlib env runners",
+    )
+    p.add_argument("--rllib-python", default=None, help="python of the RLlib venv (benchmarks/requirements-rllib.txt)")
     p.add_argument("--impls", nargs="+", default=DEFAULT_IMPLS, choices=list(IMPLS), help="in run order")
     p.add_argument("--out-dir", default=os.path.join("benchmarks", "results"))
     p.add_argument(
