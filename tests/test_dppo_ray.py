@@ -40,12 +40,14 @@ def scalars(cwd: Path, name: str, tag: str) -> list[float]:
     return [e.value for e in acc.Scalars(tag)]
 
 
-def ray_processes() -> list[str]:
+def ray_processes() -> set[str]:
+    """Ray's processes on this machine ("pid command"), to compare before and after a run."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "ray::" in line or "raylet" in line or "gcs_server" in line]
+    return {line.strip() for line in out.splitlines() if "ray::" in line or "raylet" in line or "gcs_server" in line}
 
 
 def test_sync_learns_cartpole_and_evaluates(tmp_path):
+    before = ray_processes()
     result = run([*CARTPOLE, "--total-timesteps", "200000", "--run-name", "cp", "--save-model"], tmp_path, 600)
     assert result.returncode == 0, result.stderr
     s = summary(tmp_path, "cp")
@@ -59,7 +61,7 @@ def test_sync_learns_cartpole_and_evaluates(tmp_path):
     assert evaluation.returncode == 0, evaluation.stderr
     assert float(evaluation.stdout.split("mean return ")[1].split(" ")[0]) >= 475
     assert sorted(os.listdir(tmp_path)) == ["runs"]
-    assert not ray_processes(), "Ray processes were left behind"
+    assert not ray_processes() - before, "Ray processes were left behind"
 
 
 def test_sync_mode_is_reproducible(tmp_path):
@@ -142,6 +144,7 @@ def test_resume_in_process_mode(tmp_path):
 
 
 def test_ctrl_c_checkpoints_and_leaves_no_ray_processes(tmp_path):
+    before = ray_processes()
     env = dict(os.environ, PYTHONPATH=str(REPO))
     args = [*CARTPOLE, "--total-timesteps", "10000000", "--run-name", "i", "--checkpoint-every", "0"]
     proc = subprocess.Popen(
@@ -159,7 +162,7 @@ def test_ctrl_c_checkpoints_and_leaves_no_ray_processes(tmp_path):
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert ckpt["global_step"] > 0 and summary(tmp_path, "i")["status"] == "interrupted"
     time.sleep(2)
-    assert not ray_processes(), "Ray processes were left behind"
+    assert not ray_processes() - before, "Ray processes were left behind"
 
 
 @pytest.mark.parametrize(
