@@ -507,7 +507,9 @@ def init_ray(args: Args):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            ray.init(address=args.ray_address, **kwargs)
+            # "local" always starts a new Ray; ray.init() with no address would join whatever cluster on this
+            # machine was started last (another user's run, a test cluster), against this script's documented default.
+            ray.init(address=args.ray_address or "local", **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise UsageError(f"cannot reach Ray at --ray-address {args.ray_address}: {str(e).splitlines()[0]}") from None
     # Actors that do not fit would wait for CPUs forever: refuse at once, counting only what is free now.
