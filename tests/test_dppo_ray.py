@@ -40,10 +40,11 @@ def scalars(cwd: Path, name: str, tag: str) -> list[float]:
     return [e.value for e in acc.Scalars(tag)]
 
 
-def ray_processes() -> set[str]:
-    """Ray's processes on this machine ("pid command"), to compare before and after a run."""
+def ray_processes() -> set[int]:
+    """PIDs of Ray's processes on this machine, to compare before and after a run (titles change with the task)."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return {line.strip() for line in out.splitlines() if "ray::" in line or "raylet" in line or "gcs_server" in line}
+    lines = [line.strip() for line in out.splitlines()]
+    return {int(line.split()[0]) for line in lines if "ray::" in line or "raylet" in line or "gcs_server" in line}
 
 
 def test_sync_learns_cartpole_and_evaluates(tmp_path):
