@@ -283,8 +283,7 @@ class Agent(nn.Module):
         The copy is taken once per rollout, while the weights are fixed."""
         layers = [m for m in self.actor_mean if isinstance(m, nn.Linear)]
         weights = [(m.weight.detach().cpu().numpy().T.copy(), m.bias.detach().cpu().numpy().copy()) for m in layers]
-        std = self.actor_logstd.detach().cpu().numpy().reshape(-1).astype(np.float64).copy()
-        std = np.exp(std)
+        std = np.exp(self.actor_logstd.detach().cpu().numpy().reshape(-1).astype(np.float64))
 
         def mean_action(obs: np.ndarray) -> np.ndarray:
             h = obs
