@@ -17,12 +17,12 @@ from __future__ import annotations
 import argparse
 import glob
 import os
-import subprocess
 import sys
 import time
 from collections import deque
 
 import numpy as np
+from throughput import BenchError, timed_subprocess
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGETS = {"HalfCheetah-v5": 1500.0, "Hopper-v5": 2000.0, "Pendulum-v1": -600.0}
@@ -52,13 +52,7 @@ def run_missing(cfg: argparse.Namespace) -> None:
                     argv = [os.path.join(REPO, script), *flags, *common, f"--num-steps={steps}", "--quiet"]
                     argv += [f"--run-name={os.path.relpath(folder, os.path.join(root))}"]
                 print(f"learning.py: training {impl} on {env_id}, seed {seed} ...", file=sys.stderr, flush=True)
-                env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-                proc = subprocess.run(
-                    [sys.executable, *argv], cwd=os.path.dirname(root), env=env, capture_output=True, text=True
-                )
-                if proc.returncode != 0:
-                    last = ([line for line in proc.stderr.splitlines() if line.strip()] or ["(no output)"])[-1]
-                    raise SystemExit(f"learning.py: error: {impl} on {env_id} seed {seed} failed: {last}")
+                timed_subprocess(f"{impl} on {env_id} seed {seed}", argv, cwd=os.path.dirname(root))
 
 
 def read_curve(folder: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -221,4 +215,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BenchError as e:
+        sys.exit(f"learning.py: error: {e}")

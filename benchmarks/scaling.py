@@ -16,10 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
+
+from throughput import BenchError, json_result, timed_subprocess
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LATENCY_ENV = "benchmarks.envs:SlowPendulum-v1"
@@ -36,29 +37,16 @@ def steady_state_rate(run_dir: str) -> float:
     return (events[-1].step - events[0].step) / (events[-1].wall_time - events[0].wall_time)
 
 
-def run_script(argv: list[str], cwd: str, what: str) -> tuple[subprocess.CompletedProcess, float]:
-    """Run one benchmark subprocess with the repo on its path; (process, wall seconds). A failure ends the benchmark
-    with the last line the subprocess wrote to stderr."""
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    start = time.perf_counter()
-    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
-    if proc.returncode != 0:
-        lines = [line for line in proc.stderr.splitlines() if line.strip()] or ["(no output)"]
-        raise SystemExit(f"scaling.py: error: {what} failed: {lines[-1]}")
-    return proc, seconds
-
-
 def run_dppo(env_id: str, actors: int, cfg: argparse.Namespace) -> dict:
     cores = os.cpu_count() or 1
     actor_cpus = min(1.0, cores / actors)
     total = actors * cfg.num_steps * cfg.updates
-    argv = [sys.executable, os.path.join(REPO, "dppo_ray.py"), f"--env-id={env_id}", "--mode=async"]
+    argv = [os.path.join(REPO, "dppo_ray.py"), f"--env-id={env_id}", "--mode=async"]
     argv += [f"--num-actors={actors}", "--num-envs-per-actor=1", f"--num-steps={cfg.num_steps}"]
     argv += [f"--num-minibatches={actors}", "--update-epochs=4", f"--total-timesteps={total}"]
     argv += [f"--actor-cpus={actor_cpus:g}", "--max-policy-lag=4", "--no-cuda", "--quiet", "--run-name=s"]
     with tempfile.TemporaryDirectory(prefix="scaling_") as cwd:
-        _, seconds = run_script(argv, cwd, f"dppo with {actors} actors")
+        _, seconds = timed_subprocess(f"dppo with {actors} actors", argv, cwd)
         with open(os.path.join(cwd, "runs", "s", "summary.json")) as f:
             summary = json.load(f)
         steady = steady_state_rate(os.path.join(cwd, "runs", "s"))
@@ -68,13 +56,13 @@ def run_dppo(env_id: str, actors: int, cfg: argparse.Namespace) -> dict:
 
 def run_rllib(python: str, env_id: str, runners: int, cfg: argparse.Namespace) -> dict:
     cores = os.cpu_count() or 1
-    argv = [python, os.path.join(REPO, "benchmarks", "rllib_ppo.py"), f"--env-id={env_id}"]
+    argv = [os.path.join(REPO, "benchmarks", "rllib_ppo.py"), f"--env-id={env_id}"]
     argv += [f"--num-env-runners={runners}", f"--env-runner-cpus={min(1.0, cores / runners):g}"]
     argv += [f"--train-batch-size={runners * cfg.num_steps}", f"--minibatch-size={cfg.num_steps}", "--num-epochs=4"]
     argv += [f"--total-timesteps={runners * cfg.num_steps * cfg.updates}"]
     with tempfile.TemporaryDirectory(prefix="scaling_rllib_") as cwd:
-        proc, seconds = run_script(argv, cwd, f"rllib with {runners} env runners")
-    out = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+        stdout, seconds = timed_subprocess(f"rllib with {runners} env runners", argv, cwd, python=python)
+    out = json_result("rllib", stdout)
     return {"steady": float(out["sps"]), "whole": out["total_timesteps"] / seconds, "steps": out["total_timesteps"]}
 
 
@@ -174,4 +162,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BenchError as e:
+        sys.exit(f"scaling.py: error: {e}")

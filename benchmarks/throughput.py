@@ -98,7 +98,9 @@ SB3_FLAGS = ["--num-envs=1", "--vf-coef=0.25", "--clip-vloss"]
 # ---------------------------------------------------------------------------------------------------------------------
 # Implementations
 # ---------------------------------------------------------------------------------------------------------------------
-def _timed_subprocess(name: str, argv: list[str], cwd: str, python: str = sys.executable) -> tuple[str, float]:
+def timed_subprocess(name: str, argv: list[str], cwd: str, python: str = sys.executable) -> tuple[str, float]:
+    """Run `python argv` in cwd with the repo on PYTHONPATH; (stdout, wall seconds). A failure raises BenchError with
+    the last line it printed (scaling.py and learning.py use this too)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("MPLBACKEND", "Agg")
@@ -111,6 +113,14 @@ def _timed_subprocess(name: str, argv: list[str], cwd: str, python: str = sys.ex
         last = lines[-1].strip() if lines else "(no output)"
         raise BenchError(f"{name} failed (exit {proc.returncode}): {last}  [command: {shlex.join(cmd)}]")
     return proc.stdout, seconds
+
+
+def json_result(name: str, stdout: str) -> dict:
+    """The last JSON line a baseline script (sb3_ppo.py, rllib_ppo.py) printed."""
+    try:
+        return json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+    except (IndexError, json.JSONDecodeError):
+        raise BenchError(f"{name} printed no JSON line; last output: {stdout.strip()[-200:]!r}") from None
 
 
 def run_summary_script(
@@ -126,7 +136,7 @@ def run_summary_script(
     with tempfile.TemporaryDirectory(prefix=f"tp_{name}_") as cwd:
         run_name = f"{name}_{env_id}_{seed}"
         argv = [os.path.join(REPO, script), *flags, f"--run-name={run_name}", *extra]
-        _, seconds = _timed_subprocess(name, argv, cwd)
+        _, seconds = timed_subprocess(name, argv, cwd)
         path = os.path.join(cwd, "runs", run_name, "summary.json")
         try:
             with open(path) as f:
@@ -144,11 +154,8 @@ def run_ppo(env_id: str, seed: int, cfg) -> Result:
 def run_sb3(env_id: str, seed: int, cfg) -> Result:
     with tempfile.TemporaryDirectory(prefix="tp_sb3_") as cwd:
         argv = [os.path.join(REPO, "benchmarks", "sb3_ppo.py"), *common_flags(env_id, seed, cfg), *SB3_FLAGS]
-        stdout, seconds = _timed_subprocess("sb3", argv, cwd)
-    try:
-        out = json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
-    except (IndexError, json.JSONDecodeError):
-        raise BenchError(f"sb3 printed no JSON line; last output: {stdout.strip()[-200:]!r}") from None
+        stdout, seconds = timed_subprocess("sb3", argv, cwd)
+    out = json_result("sb3", stdout)
     return Result(steps=int(out["timesteps_run"]), whole_seconds=seconds, inloop_sps=float(out["sps"]))
 
 
@@ -212,11 +219,8 @@ def run_rllib(env_id: str, seed: int, cfg) -> Result:
     argv += [f"--train-batch-size={cfg.num_steps}", f"--minibatch-size={cfg.num_steps // cfg.num_minibatches}"]
     argv += ["--num-epochs=10", "--torch-threads=1"]
     with tempfile.TemporaryDirectory(prefix="tp_rllib_") as cwd:
-        stdout, seconds = _timed_subprocess("rllib", argv, cwd, python=cfg.rllib_python)
-    try:
-        out = json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
-    except (IndexError, json.JSONDecodeError):
-        raise BenchError(f"rllib printed no JSON line; last output: {stdout.strip()[-200:]!r}") from None
+        stdout, seconds = timed_subprocess("rllib", argv, cwd, python=cfg.rllib_python)
+    out = json_result("rllib", stdout)
     return Result(steps=int(out["total_timesteps"]), whole_seconds=seconds, inloop_sps=float(out["sps"]))
 
 
