@@ -12,6 +12,24 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+
+def test_permutation_pvalue_against_hand_counts():
+    from learning import permutation_pvalue
+
+    # [1, 2] against [3, 4]: of the 6 ways to split {1, 2, 3, 4} in two pairs, only {1,2}|{3,4} and {3,4}|{1,2} differ
+    # in mean by 2 or more.
+    assert permutation_pvalue([1.0, 2.0], [3.0, 4.0]) == pytest.approx(2 / 6)
+    # [1, 4] against [2, 3]: the means are equal, so every split is at least as extreme.
+    assert permutation_pvalue([1.0, 4.0], [2.0, 3.0]) == 1.0
+    # 3 + 3 fully separated: 2 of the 20 splits are that extreme.
+    assert permutation_pvalue([10.0, 11.0, 12.0], [0.0, 1.0, 2.0]) == pytest.approx(2 / 20)
+    # [0] against [0, 1, 5]: mean gap 2; the splits putting 5 alone (gap 4.67) or either 0 alone (gap 2) count, 1 alone
+    # (gap 0.67) does not: 3 of the 4 choices, so p = 3/4.
+    assert permutation_pvalue([0.0], [0.0, 1.0, 5.0]) == pytest.approx(3 / 4)
+
+
 def run_quick(script: str, out_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO), MPLBACKEND="Agg")
     argv = [sys.executable, str(REPO / "benchmarks" / script), "--quick", "--out-dir", str(out_dir), *extra]
