@@ -1,8 +1,8 @@
-"""The math that ppo_continuous.py and dppo_ray.py share: GAE, the clipped PPO loss and its diagnostics,
-and the running statistics used to normalize observations and scale rewards.
+"""The math that ppo_continuous.py and dppo_ray.py share: GAE, the clipped PPO loss and its diagnostics, the running
+statistics used to normalize observations and scale rewards, and the numerical guard's per-sample checks.
 
-Every function here has a unit test against a hand-computed or independent reference (tests/test_gae.py).
-Nothing else in the repository re-implements these formulas.
+Every function here is a pure function of arrays (or a small running statistic) with a unit test against a
+hand-computed or independent reference (tests/test_gae.py). Nothing else in the repository re-implements these formulas.
 """
 
 from __future__ import annotations
@@ -24,12 +24,18 @@ def compute_gae(
     truncations: torch.Tensor,
     gamma: float,
     gae_lambda: float,
+    valid: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE(gamma, lambda) over a rollout of shape (T, N): T time steps of N parallel envs.
 
     `next_values[t]` is V of the *real* successor state of step t. For a step that was cut by the time limit this is
     V(final observation), so truncation bootstraps; a termination never does (its successor value is ignored). The
     backward recursion stops at every episode end, terminated or truncated, so advantages never leak across episodes.
+
+    `valid` (bool, (T, N)) marks the samples the numerical guard kept. A masked sample gets advantage 0 and is cut out
+    of the recursion like an episode end: the step before it bootstraps from `next_values` (like a time-limit cut)
+    when that value is finite, and from nothing (like a termination) when it is not. Any other non-finite
+    `next_values` entry is treated the same way, so NaN never reaches a kept sample.
 
     Returns (advantages, returns) with returns = advantages + values.
     """
@@ -40,18 +46,25 @@ def compute_gae(
     r = rewards.detach().cpu().double().numpy()
     v = values.detach().cpu().double().numpy()
     nv = next_values.detach().cpu().double().numpy()
-    term = terminations.detach().cpu().double().numpy()
-    episode_ended = np.maximum(term, truncations.detach().cpu().double().numpy())
+    term = terminations.detach().cpu().numpy().astype(bool)
+    ended = term | truncations.detach().cpu().numpy().astype(bool)
+    keep = np.ones(r.shape, dtype=bool) if valid is None else valid.detach().cpu().numpy().astype(bool)
 
-    deltas = r + gamma * nv * (1.0 - term) - v
-    decay = gamma * gae_lambda * (1.0 - episode_ended)
+    no_bootstrap = term | ~np.isfinite(nv)
+    successor_masked = np.zeros_like(keep)
+    successor_masked[:-1] = ~keep[1:]
+    cut = ended | successor_masked | ~np.isfinite(nv) | ~keep
+    with np.errstate(invalid="ignore"):  # masked samples may hold NaN or inf; they are zeroed just below
+        deltas = r + gamma * np.where(no_bootstrap, 0.0, nv) - v
+    deltas = np.where(keep, deltas, 0.0)
+    decay = gamma * gae_lambda * (1.0 - cut)
     advantages = np.zeros_like(deltas)
     running = np.zeros_like(deltas[0])
     for t in reversed(range(deltas.shape[0])):
         running = deltas[t] + decay[t] * running
         advantages[t] = running
     advantages_t = torch.as_tensor(advantages, dtype=values.dtype, device=values.device)
-    return advantages_t, advantages_t + values
+    return advantages_t, advantages_t + torch.where(torch.as_tensor(keep, device=values.device), values, 0.0)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -82,7 +95,7 @@ def ppo_loss(
     vf_coef: float,
     norm_adv: bool = True,
     behaviour_logprob: torch.Tensor | None = None,
-    max_is_weight: float = 1.0,
+    max_is_weight: float = 100.0,
 ) -> PPOLoss:
     """Clipped surrogate + (optionally clipped) value loss - entropy bonus, for one minibatch.
 
@@ -131,7 +144,7 @@ def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
 class RunningMeanStd:
     """Mean and variance of a stream of vectors, merged batch by batch with Chan et al.'s parallel formula.
 
-    The same merge combines statistics gathered by several processes (dppo_ray.py's actors send their deltas)."""
+    The same merge combines statistics gathered by several processes (dppo_ray.py's actors send their moments)."""
 
     def __init__(self, shape: tuple[int, ...] = (), epsilon: float = 1e-4):
         self.mean = np.zeros(shape, dtype=np.float64)
@@ -142,18 +155,12 @@ class RunningMeanStd:
     def update(self, batch: np.ndarray) -> None:
         """Merge a batch of shape (B, *shape). Rows containing NaN or inf are left out, so one bad observation
         cannot poison the statistics for the rest of the run."""
-        batch = np.asarray(batch, dtype=np.float64)
-        if not np.isfinite(batch).all():
-            batch = batch[np.isfinite(batch.reshape(batch.shape[0], -1)).all(axis=1)]
-        count = batch.shape[0]
-        if count > 0:
-            # sum/count rather than np.mean/np.var: this runs every env step, and their Python wrappers cost more
-            # than the arithmetic on these small arrays.
-            batch_mean = batch.sum(axis=0) / count
-            self.update_from_moments(batch_mean, np.square(batch - batch_mean).sum(axis=0) / count, count)
+        self.update_from_moments(*finite_moments(batch))
 
     def update_from_moments(self, batch_mean: np.ndarray, batch_var: np.ndarray, batch_count: float) -> None:
-        if batch_count <= 0:
+        """Merge moments computed elsewhere. Moments that are not finite are refused as a whole, so a process that
+        did not filter its data cannot poison the statistics either."""
+        if batch_count <= 0 or not (np.isfinite(batch_mean).all() and np.isfinite(batch_var).all()):
             return
         delta = batch_mean - self.mean
         total = self.count + batch_count
@@ -180,28 +187,93 @@ class RunningMeanStd:
         self.mean, self.var, self.count = mean.copy(), var.copy(), float(state["count"])
 
 
-class RewardScaler:
-    """Divides rewards by the running std of the discounted return, as in the PPO implementation details
-    (Engstrom et al. 2020; CleanRL's NormalizeReward), then clips. The return accumulator restarts after every
-    episode end, terminated or truncated."""
+def finite_moments(batch: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """(mean, variance, count) over the rows of `batch` (shape (B, *shape)) that hold no NaN or inf."""
+    batch = np.asarray(batch, dtype=np.float64)
+    if not np.isfinite(batch).all():
+        batch = batch[np.isfinite(batch.reshape(batch.shape[0], -1)).all(axis=1)]
+    count = batch.shape[0]
+    if count == 0:
+        return np.zeros(batch.shape[1:]), np.zeros(batch.shape[1:]), 0
+    # sum/count rather than np.mean/np.var: the Python wrappers of those cost more than the arithmetic here.
+    mean = batch.sum(axis=0) / count
+    return mean, np.square(batch - mean).sum(axis=0) / count, count
 
-    def __init__(self, num_envs: int, gamma: float, clip: float = 10.0, epsilon: float = 1e-8):
-        self.return_rms = RunningMeanStd(shape=())
-        self.discounted_return = np.zeros(num_envs, dtype=np.float64)
-        self.gamma, self.clip, self.epsilon = gamma, clip, epsilon
 
-    def __call__(self, rewards: np.ndarray, episode_ended: np.ndarray, update: bool = True) -> np.ndarray:
-        """Scale a rollout of rewards of shape (T, N) (or one step, shape (N,)). The statistics first take in the
-        discounted returns of the whole rollout, then every reward of it is divided by the same std."""
-        rewards = np.asarray(rewards, dtype=np.float64)
-        steps, ended = np.atleast_2d(rewards), np.atleast_2d(episode_ended)
-        returns = np.empty_like(steps)
-        for t in range(steps.shape[0]):
-            self.discounted_return = self.discounted_return * self.gamma + steps[t]
-            returns[t] = self.discounted_return
-            # A non-finite reward passes through (the numerical guard rejects its batch) but must not poison the
-            # statistics of the episodes that follow.
-            self.discounted_return[ended[t] | ~np.isfinite(self.discounted_return)] = 0.0
-        if update:
-            self.return_rms.update(returns.reshape(-1))  # skips non-finite entries
-        return np.clip(rewards / np.sqrt(self.return_rms.var + self.epsilon), -self.clip, self.clip)
+class DiscountedReturn:
+    """The running discounted return of each env, whose variance scales the rewards (Engstrom et al. 2020; CleanRL's
+    NormalizeReward). It restarts after every episode end, terminated or truncated, and after a non-finite reward,
+    which must not poison the episodes that follow. It lives with the envs (the sampler), so that it runs on without
+    a gap whichever rollouts the learner keeps."""
+
+    def __init__(self, num_envs: int, gamma: float):
+        self.value = np.zeros(num_envs, dtype=np.float64)
+        self.gamma = gamma
+
+    def step(self, rewards: np.ndarray, episode_ended: np.ndarray) -> np.ndarray:
+        """Take one step of rewards (N,); return the discounted returns before the restart."""
+        self.value = self.value * self.gamma + rewards
+        returns = self.value.copy()
+        self.value[episode_ended | ~np.isfinite(self.value)] = 0.0
+        return returns
+
+
+def scale_rewards(rewards: np.ndarray, return_rms: RunningMeanStd, clip: float, epsilon: float = 1e-8) -> np.ndarray:
+    """Divide by the std of the discounted return, then clip to +-clip."""
+    return np.clip(rewards / np.sqrt(return_rms.var + epsilon), -clip, clip)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The numerical guard (the PPO notes, section 5.3): drop bad samples, skip a batch only when little of it is usable
+# ---------------------------------------------------------------------------------------------------------------------
+def finite_samples(observations: np.ndarray, actions: np.ndarray, rewards: np.ndarray) -> np.ndarray:
+    """Bool mask (T, N): the transitions whose observation, action and reward are all finite.
+    observations (T, N, obs_dim), actions (T, N[, act_dim]), rewards (T, N)."""
+    flat = observations.reshape(*rewards.shape, -1)
+    ok = np.isfinite(flat).all(axis=-1) & np.isfinite(rewards)
+    return ok & np.isfinite(actions.reshape(*rewards.shape, -1)).all(axis=-1)
+
+
+def advantage_outliers(
+    advantages: np.ndarray, returns: np.ndarray, valid: np.ndarray, max_abs: float, mad_factor: float = 1000.0
+) -> np.ndarray:
+    """Bool mask of the valid samples to drop: a non-finite advantage or return, a magnitude above `max_abs`, or an
+    advantage more than `mad_factor` median absolute deviations from the median of the valid advantages (a robust
+    scale that the outliers themselves cannot inflate, unlike the std). With a zero MAD only the absolute bound
+    applies."""
+    bad = valid & ~(np.isfinite(advantages) & np.isfinite(returns))
+    bad |= valid & ~bad & ((np.abs(advantages) > max_abs) | (np.abs(returns) > max_abs))
+    kept = advantages[valid & ~bad]
+    if kept.size:
+        median = np.median(kept)
+        mad = np.median(np.abs(kept - median))
+        if mad > 0:
+            bad |= valid & ~bad & (np.abs(advantages - median) > mad_factor * mad)
+    return bad
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Health diagnostics (the PPO notes: entropy falls slowly, explained variance >= ~0.85, approx_kl around 0.01)
+# ---------------------------------------------------------------------------------------------------------------------
+def health_warnings(history: dict[str, list[float]], warmed_up: bool, act_dim: int) -> list[tuple[str, str]]:
+    """(name, advice) for each problem the recent update statistics show."""
+    found = []
+    entropy, kl, ev = history["entropy"], history["approx_kl"], history["explained_variance"]
+    if len(entropy) > 10 and (entropy[-11] - entropy[-1]) / act_dim > 0.5:
+        drop = (entropy[-11] - entropy[-1]) / act_dim
+        advice = "raise --ent-coef (e.g. 0.005) or lower --update-epochs / --learning-rate"
+        found.append(
+            ("entropy_collapse", f"entropy is collapsing ({drop:.2f} nats per action dim in 10 updates): {advice}")
+        )
+    if len(kl) >= 5 and min(kl[-5:]) > 0.02:
+        advice = "lower --learning-rate or set --target-kl 0.02"
+        found.append(("high_kl", f"approx_kl has stayed above 0.02 for 5 updates (now {kl[-1]:.3f}): {advice}"))
+    if warmed_up and ev and ev[-1] < 0:
+        advice = "check the reward scale (--norm-reward) or raise --vf-coef"
+        found.append(
+            (
+                "low_explained_variance",
+                f"explained_variance is {ev[-1]:.2f} < 0 after warm-up, the critic is worse than a constant: {advice}",
+            )
+        )
+    return found

@@ -4,20 +4,19 @@
 
 Flags and TensorBoard tags follow CleanRL's ppo_continuous_action.py, so a CleanRL command line pastes as is and the
 curves overlay. Differences that matter: time-limit truncations bootstrap from V(final observation), normalization
-statistics are saved with the policy and frozen at evaluation, and runs can be checkpointed, interrupted and resumed.
+statistics are saved with the policy and frozen at evaluation, a numerical guard drops bad samples, and runs can be
+checkpointed, interrupted (Ctrl-C or SIGTERM) and resumed.
+
+This file is also the library of dppo_ray.py, which imports the agent, the sampler, the update, the guard,
+checkpoints and evaluation from here and adds only what distribution needs. The math lives in gae.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import random
-import signal
 import sys
 import time
-import warnings
-from collections import deque
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -25,13 +24,34 @@ import numpy as np
 import torch
 import tyro
 from torch import nn
-from torch.utils.tensorboard import SummaryWriter
-from torch.utils.tensorboard.summary import hparams
 from tqdm import tqdm
 
-from gae import RewardScaler, RunningMeanStd, compute_gae, explained_variance, ppo_loss
-
-PROG = os.path.basename(__file__)
+from gae import (
+    DiscountedReturn,
+    RunningMeanStd,
+    advantage_outliers,
+    compute_gae,
+    explained_variance,
+    finite_moments,
+    finite_samples,
+    ppo_loss,
+    scale_rewards,
+)
+from run_utils import (
+    PROG,
+    BadBatchError,
+    Interrupt,
+    Monitor,
+    UsageError,
+    finish_run,
+    load_checkpoint,
+    quiet_mujoco_log,
+    resume_checkpoint,
+    run_folder,
+    save_atomic,
+    seed_everything,
+    start_run,
+)
 
 
 @dataclass
@@ -51,13 +71,13 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of the wandb project"""
     capture_video: bool = False
-    """whether to capture videos of the agent (saved under runs/<run-name>/videos; needs moviepy)"""
+    """whether to capture videos of the agent's first env (saved under runs/<run-name>/videos; needs moviepy)"""
     save_model: bool = False
     """whether to save the final policy (with its normalization statistics) to runs/<run-name>/<exp-name>.model"""
 
     # Algorithm-specific arguments (CleanRL's names and defaults)
     env_id: str = "HalfCheetah-v5"
-    """the id of the environment; `module:EnvId-v0` imports `module` first"""
+    """the id of the environment; `module:EnvId-v0` imports `module` first (from the working directory too)"""
     total_timesteps: int = 1000000
     """total timesteps of the experiment"""
     learning_rate: float = 3e-4
@@ -100,6 +120,9 @@ class Args:
     """normalize observations by their running mean and std (then clip to +-obs-clip)"""
     obs_clip: float = 10.0
     """clip of the normalized observations"""
+    obs_warmup_steps: int = 256
+    """random-action steps per env that warm the observation statistics before the first rollout (not counted in
+    --total-timesteps; 0: the first rollout sees mean 0, std 1)"""
     norm_reward: bool = True
     """scale rewards by the running std of the discounted return (then clip to +-reward-clip)"""
     reward_clip: float = 10.0
@@ -109,17 +132,20 @@ class Args:
     resume: str | None = None
     """path of a checkpoint.pt to continue from: the step count, optimizer, statistics and curves carry on"""
     eval_checkpoint: str | None = None
-    """path of a checkpoint or saved model: evaluate it with the mean action for --eval-episodes, without training"""
+    """path of a checkpoint or saved model of either script: evaluate it with the mean (or most likely) action for
+    --eval-episodes, without training"""
     eval_episodes: int = 10
     """the number of episodes for --eval-checkpoint and for the evaluation after --save-model"""
     quiet: bool = False
-    """no progress bar (warnings and errors are still printed)"""
+    """no progress bar (warnings, errors and the closing line are still printed)"""
     torch_threads: int = 1
     """torch CPU threads; one is fastest for 64-unit MLPs"""
     guard_max_abs: float = 1e6
-    """numerical guard: a batch whose advantages, returns or loss are NaN, inf or above this magnitude is skipped"""
+    """numerical guard: samples whose advantage or return is above this magnitude are dropped, as are samples with
+    NaN/inf data and advantages over 1000 median absolute deviations from the median"""
     guard_patience: int = 3
-    """numerical guard: stop the run after this many bad batches in a row"""
+    """numerical guard: stop the run after this many bad batches in a row (a non-finite loss or gradient, or a
+    batch of which under half is usable)"""
 
     # to be filled in runtime
     batch_size: int = 0
@@ -130,35 +156,25 @@ class Args:
     """the number of iterations (computed in runtime)"""
 
 
-class UsageError(Exception):
-    """Bad input: reported as one line on stderr with exit status 2."""
-
-
-class BadBatchError(Exception):
-    """Raised by the numerical guard when the run must stop."""
-
-
-def validate_args(args: Args) -> None:
+def validate_args(args: Args, batch_shape: str | None = None) -> None:
     positive = ["total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"]
-    for name in positive:
-        if getattr(args, name) <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    for name in ["learning_rate", "clip_coef", "obs_clip", "reward_clip", "guard_max_abs"]:
+    positive += ["guard_patience", "torch_threads", "learning_rate", "clip_coef", "obs_clip", "reward_clip"]
+    for name in [*positive, "guard_max_abs"]:
         if not getattr(args, name) > 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if not 0 < args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         raise UsageError(f"--gamma must be in (0, 1] and --gae-lambda in [0, 1], got {args.gamma}, {args.gae_lambda}")
     if args.target_kl is not None and not args.target_kl > 0:
         raise UsageError(f"--target-kl must be positive (or None), got {args.target_kl}")
-    if args.checkpoint_every < 0 or args.guard_patience <= 0 or args.torch_threads <= 0:
-        raise UsageError("--checkpoint-every must be >= 0, --guard-patience and --torch-threads positive")
+    if args.checkpoint_every < 0 or args.obs_warmup_steps < 0:
+        raise UsageError("--checkpoint-every and --obs-warmup-steps must be >= 0")
     if args.resume and args.eval_checkpoint:
         raise UsageError("--resume and --eval-checkpoint do not fit together: evaluate or train, not both")
     args.batch_size = args.num_envs * args.num_steps
     if args.batch_size % args.num_minibatches != 0:
+        shape = batch_shape or f"--num-envs {args.num_envs} x --num-steps {args.num_steps}"
         raise UsageError(
-            f"--num-minibatches {args.num_minibatches} does not divide the batch "
-            f"(--num-envs {args.num_envs} x --num-steps {args.num_steps} = {args.batch_size})"
+            f"--num-minibatches {args.num_minibatches} does not divide the batch ({shape} = {args.batch_size})"
         )
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
@@ -169,34 +185,29 @@ def validate_args(args: Args) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 # Environment
 # ---------------------------------------------------------------------------------------------------------------------
-def quiet_mujoco_log(log_dir: str | None) -> None:
-    """MuJoCo 4 writes MUJOCO_LOG.TXT into the working directory; send it to the run folder (or nowhere)."""
+def make_env(env_id: str, capture_video: bool = False, video_dir: str = "") -> gym.Env:
     try:
-        import mujoco
-    except ImportError:
-        return
-    config = mujoco.MjLogConfig.get()
-    config.logto_file = log_dir is not None
-    if log_dir is not None:
-        config.logfile = os.path.join(log_dir, "MUJOCO_LOG.TXT")
-    config.set()
-
-
-def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> gym.Env:
-    try:
-        if capture_video and idx == 0:
+        if capture_video:
             return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), video_dir)
         return gym.make(env_id)
     except (gym.error.Error, ModuleNotFoundError, ImportError) as e:
         raise UsageError(f"cannot make env '{env_id}': {str(e).splitlines()[0]}") from None
 
 
-def make_envs(args: Args, video_dir: str) -> list[gym.Env]:
-    """Plain gymnasium envs, stepped in order by `step_envs`. Observation normalization, reward scaling and action
-    clipping happen in the training loop rather than in wrappers, so their statistics are data saved with the policy."""
-    envs = [make_env(args.env_id, i, args.capture_video, video_dir) for i in range(args.num_envs)]
-    check_spaces(args.env_id, envs[0].observation_space, envs[0].action_space)
-    return envs
+def check_spaces(env_id: str, env: gym.Env, allow_discrete: bool = False) -> tuple[int, int, bool]:
+    """(obs_dim, action_dim or number of actions, discrete) of an env, or a UsageError."""
+    observation_space, action_space = env.observation_space, env.action_space
+    discrete = isinstance(action_space, gym.spaces.Discrete)
+    if not (isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1) and not (
+        discrete and allow_discrete
+    ):
+        raise UsageError(
+            f"{env_id} has a {action_space} action space; ppo_continuous.py needs a continuous (Box) one "
+            "(dppo_ray.py also takes Discrete)"
+        )
+    if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
+        raise UsageError(f"{env_id} has observation space {observation_space}; a flat Box is needed")
+    return observation_space.shape[0], int(action_space.n) if discrete else action_space.shape[0], discrete
 
 
 def step_envs(envs: list[gym.Env], actions: np.ndarray):
@@ -219,23 +230,9 @@ def step_envs(envs: list[gym.Env], actions: np.ndarray):
     return np.stack(observations), rewards, terminations, truncations, final_obs
 
 
-def close_envs(envs: list[gym.Env]) -> None:
-    for env in envs:
-        env.close()
-
-
-def check_spaces(env_id: str, observation_space: gym.Space, action_space: gym.Space) -> None:
-    if not isinstance(action_space, gym.spaces.Box):
-        raise UsageError(
-            f"{env_id} has a {action_space} action space; ppo_continuous.py needs a continuous (Box) one "
-            "(dppo_ray.py also takes Discrete)"
-        )
-    if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
-        raise UsageError(f"{env_id} has observation space {observation_space}; a flat Box is needed")
-
-
 # ---------------------------------------------------------------------------------------------------------------------
-# Agent: separate 64-64 tanh actor and critic, Gaussian policy with a state-independent log-std
+# Agent: separate 64-64 tanh actor and critic. Box actions: a Gaussian with a state-independent log-std.
+# Discrete actions (dppo_ray.py's CartPole check): a categorical over the same actor's outputs.
 # ---------------------------------------------------------------------------------------------------------------------
 LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)
 
@@ -246,111 +243,381 @@ def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.
     return layer
 
 
+def mlp(in_dim: int, out_dim: int, out_std: float) -> nn.Sequential:
+    return nn.Sequential(
+        layer_init(nn.Linear(in_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
+        layer_init(nn.Linear(64, out_dim), std=out_std),
+    )  # fmt: skip
+
+
 class Agent(nn.Module):
-    def __init__(self, obs_dim: int, act_dim: int):
+    def __init__(self, obs_dim: int, act_dim: int, discrete: bool = False):
         super().__init__()
-        self.critic = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 1), std=1.0),
-        )
-        self.actor_mean = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, 64)),
-            nn.Tanh(),
-            layer_init(nn.Linear(64, act_dim), std=0.01),
-        )
-        self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))
+        self.discrete = discrete
+        self.critic = mlp(obs_dim, 1, out_std=1.0)
+        self.actor_mean = mlp(obs_dim, act_dim, out_std=0.01)
+        if not discrete:
+            self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))
 
     def get_value(self, x: torch.Tensor) -> torch.Tensor:
         return self.critic(x).squeeze(-1)
 
     def evaluate(self, x: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Log-probability of `action`, policy entropy and value, written out for the diagonal Gaussian
+        """Log-probability of `action`, policy entropy and value. The diagonal Gaussian is written out
         (torch.distributions.Normal computes the same, with more overhead per minibatch)."""
-        mean = self.actor_mean(x)
-        logstd = self.actor_logstd.expand_as(mean)
-        logprob = (-0.5 * ((action - mean) / logstd.exp()) ** 2 - logstd - LOG_SQRT_2PI).sum(-1)
+        out = self.actor_mean(x)
+        if self.discrete:
+            dist = torch.distributions.Categorical(logits=out)
+            return dist.log_prob(action.long()), dist.entropy(), self.get_value(x)
+        logstd = self.actor_logstd.expand_as(out)
+        logprob = (-0.5 * ((action - out) / logstd.exp()) ** 2 - logstd - LOG_SQRT_2PI).sum(-1)
         entropy = (0.5 + LOG_SQRT_2PI + logstd).sum(-1)
         return logprob, entropy, self.get_value(x)
 
-    def numpy_actor(self):
-        """A numpy copy of the mean network for the rollout. Stepping one env at a time, a 64-64 MLP in numpy takes
-        about 15 us against about 150 us for the same forward pass in torch, where per-op overhead dominates.
-        The copy is taken once per rollout, while the weights are fixed."""
-        layers = [m for m in self.actor_mean if isinstance(m, nn.Linear)]
-        weights = [(m.weight.detach().cpu().numpy().T.copy(), m.bias.detach().cpu().numpy().copy()) for m in layers]
-        std = np.exp(self.actor_logstd.detach().cpu().numpy().reshape(-1).astype(np.float64))
+    def numpy_weights(self) -> dict[str, np.ndarray]:
+        """What the sampler receives: plain numpy arrays, cheap to copy and to send to a Ray actor."""
+        return {k: v.detach().cpu().numpy().copy() for k, v in self.state_dict().items()}
 
-        def mean_action(obs: np.ndarray) -> np.ndarray:
-            h = obs
-            for i, (w, b) in enumerate(weights):
-                h = h @ w + b
-                if i < len(weights) - 1:
-                    h = np.tanh(h)
-            return h
 
-        return mean_action, std
+class NumpyPolicy:
+    """The sampler's copy of the actor. Stepping a few envs at a time, a 64-64 MLP in numpy takes about 15 us against
+    about 150 us for the same forward pass in torch, where per-op overhead dominates. The weights stay fixed for a
+    rollout."""
+
+    def __init__(self, weights: dict[str, np.ndarray]):
+        self.layers = [(weights[f"actor_mean.{i}.weight"].T, weights[f"actor_mean.{i}.bias"]) for i in (0, 2, 4)]
+        self.discrete = "actor_logstd" not in weights
+        if not self.discrete:
+            self.logstd = weights["actor_logstd"].reshape(-1).astype(np.float64)
+            self.std = np.exp(self.logstd)
+
+    def actor(self, obs: np.ndarray) -> np.ndarray:
+        h = obs
+        for i, (w, b) in enumerate(self.layers):
+            h = h @ w + b
+            if i < len(self.layers) - 1:
+                h = np.tanh(h)
+        return h
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Sample actions for a batch of observations; return (actions, log-probabilities). The log-probability is
+        the denominator of PPO's ratio (tests/test_ppo_continuous.py checks it against torch)."""
+        out = self.actor(obs).astype(np.float64)
+        if self.discrete:
+            logits = out - out.max(axis=1, keepdims=True)
+            log_probs = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+            cumulative = np.exp(log_probs).cumsum(axis=1)
+            u = rng.random((len(obs), 1)) * cumulative[:, -1:]
+            actions = np.minimum((cumulative < u).sum(axis=1), out.shape[1] - 1)
+            return actions, log_probs[np.arange(len(obs)), actions]
+        noise = rng.standard_normal(out.shape)
+        return out + self.std * noise, (-0.5 * noise**2 - self.logstd - LOG_SQRT_2PI).sum(axis=1)
+
+    def best_action(self, obs: np.ndarray) -> np.ndarray:
+        out = self.actor(obs)
+        return out.argmax(axis=1) if self.discrete else out
+
+
+def normalize_obs(raw: np.ndarray, mean: np.ndarray | None, var: np.ndarray | None, clip: float) -> np.ndarray:
+    """(raw - mean) / std, clipped; None statistics leave the observation raw. A row holding NaN or inf becomes all
+    NaN, so that the guard masks it whatever the clip made of it."""
+    x = raw if mean is None else np.clip((raw - mean) / np.sqrt(var + 1e-8), -clip, clip)
+    x = x.astype(np.float32)
+    if not np.isfinite(raw).all():
+        x[~np.isfinite(raw).all(axis=-1)] = np.nan
+    return x
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Checkpoints: tensors and plain Python values only, loaded with weights_only=True so that a shared file cannot run code
+# Sampler: steps the envs with the numpy policy; in dppo_ray.py each Ray rollout actor is one
 # ---------------------------------------------------------------------------------------------------------------------
-def save_atomic(obj: dict, path: str) -> None:
-    tmp = f"{path}.tmp"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+class Sampler:
+    """Steps `num_envs` envs with the latest policy it was given and returns each rollout as a dict of numpy arrays.
+    Episodes continue across rollouts. Observations are stored normalized with the statistics the policy acted on,
+    and the raw observations' moments go back to the learner, which owns the statistics."""
+
+    def __init__(self, env_id: str, num_envs: int, seed: int, args: Args, video_dir: str = ""):
+        quiet_mujoco_log()
+        self.envs = [make_env(env_id, args.capture_video and i == 0, video_dir) for i in range(num_envs)]
+        _, _, self.discrete = check_spaces(env_id, self.envs[0], allow_discrete=True)
+        space = self.envs[0].action_space
+        self.low, self.high = (None, None) if self.discrete else (space.low, space.high)
+        self.obs_clip, self.norm_obs = args.obs_clip, args.norm_obs
+        self.rng, self.warmup_rng = np.random.default_rng(seed), np.random.default_rng([seed, 1])
+        self.seed = seed
+        self.raw_obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(self.envs)])
+        self.returns = DiscountedReturn(num_envs, args.gamma)
+        self.episode_returns, self.episode_lengths = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
+        self.policy, self.version, self.obs_mean, self.obs_var = None, -1, None, None
+
+    def set_policy(self, weights: dict[str, np.ndarray], version: int) -> int:
+        """`weights`: the agent's numpy state dict plus the learner's observation statistics."""
+        self.policy, self.version = NumpyPolicy(weights), version
+        if self.norm_obs:
+            self.obs_mean, self.obs_var = weights["obs_mean"], weights["obs_var"]
+        return version
+
+    def normalize(self, raw: np.ndarray) -> np.ndarray:
+        return normalize_obs(raw, self.obs_mean, self.obs_var, self.obs_clip)
+
+    def warm_up(self, steps: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Moments of the observations met in `steps` random-action steps per env; then every env starts afresh."""
+        seen = [self.raw_obs]
+        n = len(self.envs)
+        if not self.discrete:
+            low, high = np.nan_to_num(self.low, neginf=-1.0), np.nan_to_num(self.high, posinf=1.0)
+        for _ in range(steps):
+            if self.discrete:
+                actions = self.warmup_rng.integers(self.envs[0].action_space.n, size=n)
+            else:
+                actions = self.warmup_rng.uniform(low, high, size=(n, len(low)))
+            seen.append(step_envs(self.envs, actions)[0])
+        self.raw_obs = np.stack([env.reset(seed=self.seed + i)[0] for i, env in enumerate(self.envs)])
+        return finite_moments(np.concatenate(seen))
+
+    def rollout(self, num_steps: int) -> dict[str, np.ndarray]:
+        start, num_envs, obs_dim = time.perf_counter(), len(self.envs), self.raw_obs.shape[1]
+        shape = (num_steps, num_envs)
+        obs, raw_obs = np.zeros((*shape, obs_dim), np.float32), np.zeros((*shape, obs_dim))
+        actions = np.zeros((*shape, *(() if self.discrete else self.low.shape)), np.float32)
+        logprobs, rewards, returns = np.zeros(shape, np.float32), np.zeros(shape), np.zeros(shape)
+        terminations, truncations = np.zeros(shape, bool), np.zeros(shape, bool)
+        final_obs, final_index, episode_returns, episode_lengths = [], [], [], []
+        for step in range(num_steps):
+            raw_obs[step] = self.raw_obs
+            obs[step] = self.normalize(self.raw_obs)
+            # A NaN observation is masked out of training; the env still needs a finite action.
+            action, logprobs[step] = self.policy.act(np.nan_to_num(obs[step]), self.rng)
+            actions[step] = action
+            env_action = action if self.discrete else np.clip(action, self.low, self.high)
+            self.raw_obs, rewards[step], terminations[step], truncations[step], final = step_envs(self.envs, env_action)
+            returns[step] = self.returns.step(rewards[step], terminations[step] | truncations[step])
+            self.episode_returns += rewards[step]
+            self.episode_lengths += 1
+            for i, last_obs in final.items():
+                if truncations[step, i] and not terminations[step, i]:
+                    final_obs.append(self.normalize(last_obs))
+                    final_index.append((step, i))
+                episode_returns.append(self.episode_returns[i])
+                episode_lengths.append(self.episode_lengths[i])
+                self.episode_returns[i], self.episode_lengths[i] = 0.0, 0
+        obs_mean, obs_var, obs_count = finite_moments(raw_obs.reshape(-1, obs_dim))
+        final_obs, final_index = np.array(final_obs, np.float32), np.array(final_index, np.int64).reshape(-1, 2)
+        rollout = dict(obs=obs, actions=actions, logprobs=logprobs, rewards=rewards, discounted_returns=returns)
+        rollout |= dict(terminations=terminations, truncations=truncations, final_index=final_index)
+        rollout |= dict(final_obs=final_obs.reshape(-1, obs_dim), next_obs=self.normalize(self.raw_obs))
+        rollout |= dict(obs_mean=obs_mean, obs_var=obs_var, obs_count=np.array(obs_count))
+        rollout |= dict(episode_returns=np.array(episode_returns), episode_lengths=np.array(episode_lengths))
+        return rollout | dict(
+            policy_version=np.array(self.version), sample_seconds=np.array(time.perf_counter() - start)
+        )
+
+    def rng_state(self) -> dict:
+        return self.rng.bit_generator.state
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
 
 
-def load_checkpoint(path: str) -> dict:
-    if not os.path.isfile(path):
-        raise UsageError(f"checkpoint not found: {path}")
+# ---------------------------------------------------------------------------------------------------------------------
+# Learner: statistics, advantages with the per-sample guard, and the PPO epochs (shared by both scripts)
+# ---------------------------------------------------------------------------------------------------------------------
+def make_learner(args: Args, obs_dim: int, act_dim: int, discrete: bool, device: torch.device):
+    agent = Agent(obs_dim, act_dim, discrete).to(device)
+    # fused: one kernel updates all parameters, instead of a Python loop over them (the CPU default).
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    return agent, optimizer, RunningMeanStd(shape=(obs_dim,)), RunningMeanStd(shape=())
+
+
+def policy_weights(agent: Agent, obs_rms: RunningMeanStd) -> dict[str, np.ndarray]:
+    """What a sampler acts with: the numpy weights and the observation statistics."""
+    return agent.numpy_weights() | {"obs_mean": obs_rms.mean.copy(), "obs_var": obs_rms.var.copy()}
+
+
+def anneal(optimizer: torch.optim.Optimizer, args: Args, iteration: int) -> float:
+    """Set this iteration's learning rate (CleanRL's linear schedule); return its entropy coefficient."""
+    frac = 1.0 - (iteration - 1.0) / args.num_iterations
+    if args.anneal_lr:
+        optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+    if args.ent_coef_final is None:
+        return args.ent_coef
+    return args.ent_coef_final + frac * (args.ent_coef - args.ent_coef_final)
+
+
+def update_statistics(rollout: dict, obs_rms: RunningMeanStd, return_rms: RunningMeanStd, args: Args) -> None:
+    """The learner owns the statistics: it merges the moments of the raw observations and of the discounted returns
+    that a sampler met (both already filtered for NaN and inf)."""
+    if args.norm_obs:
+        obs_rms.update_from_moments(rollout["obs_mean"], rollout["obs_var"], int(rollout["obs_count"]))
+    if args.norm_reward:
+        return_rms.update(rollout["discounted_returns"].reshape(-1))
+
+
+def stack_rollouts(rollouts: list[dict]) -> dict:
+    """Several samplers' rollouts as one, their envs side by side (the columns of the (T, N) arrays)."""
+    if len(rollouts) == 1:
+        return rollouts[0]
+    per_step = ("obs", "actions", "logprobs", "rewards", "discounted_returns", "terminations", "truncations")
+    stacked = {k: np.concatenate([r[k] for r in rollouts], axis=1) for k in per_step}
+    offsets = np.cumsum([0] + [r["rewards"].shape[1] for r in rollouts])
+    stacked["final_index"] = np.concatenate([r["final_index"] + [0, off] for r, off in zip(rollouts, offsets)])
+    return stacked | {k: np.concatenate([r[k] for r in rollouts]) for k in ("final_obs", "next_obs")}
+
+
+def prepare_batch(agent: Agent, rollout: dict, reward_scale: RunningMeanStd, args: Args, decoupled=False) -> dict:
+    """Scale the rewards, value the batch and run GAE with the per-sample guard; flat tensors of the samples kept."""
+    device = next(agent.parameters()).device
+
+    def tensor(x: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(x)).to(device)
+
+    rewards = rollout["rewards"]
+    if args.norm_reward:
+        rewards = scale_rewards(rewards, reward_scale, args.reward_clip)
+    valid = finite_samples(rollout["obs"], rollout["actions"], rollout["rewards"])
+    num_steps, num_envs = rewards.shape
+    b_obs = tensor(rollout["obs"].reshape(num_steps * num_envs, -1))
+    b_actions = tensor(rollout["actions"].reshape(num_steps * num_envs, *rollout["actions"].shape[2:]))
+    with torch.no_grad():
+        proximal_logprobs, _, b_values = agent.evaluate(b_obs, b_actions)
+        values = b_values.view(num_steps, num_envs)
+        # next_values[t] = V(successor of step t): the next stored obs, the obs after the rollout for the last step,
+        # and V(final obs) where a time limit cut the episode (a reset obs is not a successor).
+        next_values = torch.cat([values[1:], agent.get_value(tensor(rollout["next_obs"]))[None]])
+        steps, envs = rollout["final_index"].T
+        if len(steps):
+            next_values[steps, envs] = agent.get_value(tensor(rollout["final_obs"]))
+        terminations, truncations = tensor(rollout["terminations"]), tensor(rollout["truncations"])
+        advantages, returns = compute_gae(
+            tensor(rewards.astype(np.float32)), values, next_values, terminations, truncations,
+            args.gamma, args.gae_lambda, valid=tensor(valid),
+        )  # fmt: skip
+    outliers = advantage_outliers(advantages.cpu().numpy(), returns.cpu().numpy(), valid, args.guard_max_abs)
+    keep = tensor((valid & ~outliers).reshape(-1)).nonzero().squeeze(1)
+    behaviour_logprobs = tensor(rollout["logprobs"].reshape(-1))
+    batch = dict(obs=b_obs, actions=b_actions, values=b_values, advantages=advantages.reshape(-1))
+    batch |= dict(returns=returns.reshape(-1), logprobs=proximal_logprobs if decoupled else behaviour_logprobs)
+    if decoupled:
+        batch["behaviour_logprobs"] = behaviour_logprobs
+    batch = {k: v[keep] for k, v in batch.items()}
+    return batch | dict(size=num_steps * num_envs, non_finite=int((~valid).sum()), outliers=int(outliers.sum()))
+
+
+def ppo_update(agent: Agent, optimizer, batch: dict, args: Args, ent_coef: float) -> tuple[dict, str | None]:
+    """--update-epochs passes over shuffled minibatches of the samples the guard kept. Returns the statistics of the
+    last minibatch (as CleanRL logs them) and a problem string when the loss or a gradient went non-finite."""
+    kept = len(batch["advantages"])
+    if kept < batch["size"] / 2:
+        return {}, f"only {kept} of {batch['size']} samples are usable (NaN/inf data or outlier advantages)"
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    clipfracs, stats = [], None
+    for epoch in range(args.update_epochs):
+        permutation = torch.randperm(kept, device=batch["obs"].device)
+        for mb in torch.tensor_split(permutation, args.num_minibatches):
+            new_logprob, entropy, new_value = agent.evaluate(batch["obs"][mb], batch["actions"][mb])
+            mb_ = {k: batch[k][mb] for k in ("logprobs", "advantages", "values", "returns")}
+            # dppo_ray.py --stale-correction decoupled: the behaviour policy's log-probs and their weights' cap
+            behaviour = batch["behaviour_logprobs"][mb] if "behaviour_logprobs" in batch else None
+            stats = ppo_loss(
+                new_logprob, mb_["logprobs"], mb_["advantages"], new_value, mb_["values"], mb_["returns"], entropy,
+                clip_coef=args.clip_coef, clip_vloss=args.clip_vloss, ent_coef=ent_coef, vf_coef=args.vf_coef,
+                norm_adv=args.norm_adv, behaviour_logprob=behaviour, max_is_weight=getattr(args, "max_is_weight", 1),
+            )  # fmt: skip
+            if not torch.isfinite(stats.loss) or stats.loss.abs() > args.guard_max_abs:
+                return {}, f"loss {stats.loss.item():.3g} in epoch {epoch + 1}"
+            optimizer.zero_grad(set_to_none=True)
+            stats.loss.backward()
+            if not torch.isfinite(nn.utils.clip_grad_norm_(parameters, args.max_grad_norm)):
+                return {}, f"non-finite gradient in epoch {epoch + 1}"
+            optimizer.step()
+            clipfracs.append(stats.clipfrac)
+        if args.target_kl is not None and stats.approx_kl > args.target_kl:
+            break
+    result = {f"losses/{k}": getattr(stats, k).item() for k in ("value_loss", "policy_loss", "entropy")}
+    result |= {f"losses/{k}": getattr(stats, k).item() for k in ("old_approx_kl", "approx_kl")}
+    result["losses/clipfrac"] = torch.stack(clipfracs).mean().item()
+    values, returns = batch["values"].cpu().numpy(), batch["returns"].cpu().numpy()
+    result["losses/explained_variance"] = explained_variance(values, returns)
+    return result, None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Checkpoints, one format for both scripts: tensors and plain values only, loaded with weights_only=True so that a
+# shared file cannot run code
+# ---------------------------------------------------------------------------------------------------------------------
+def policy_state(agent: Agent, obs_rms: RunningMeanStd, args: Args, global_step: int) -> dict:
+    """The saved model: enough to act (weights and normalization statistics) and to know how (the flags)."""
+    return {
+        "agent": agent.state_dict(),
+        "obs_rms": obs_rms.state_dict(),
+        "args": dataclasses.asdict(args),
+        "global_step": global_step,
+    }
+
+
+def agent_from_checkpoint(ckpt: dict, path: str) -> tuple[Agent, RunningMeanStd]:
+    state = ckpt["agent"]
     try:
-        with warnings.catch_warnings():  # torch warns about the pickle protocol before refusing a foreign pickle
-            warnings.simplefilter("ignore")
-            ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # corrupt, truncated, or a pickle that tries to run code
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UsageError(f"cannot load checkpoint {path}: not a valid checkpoint ({reason[:160]})") from None
-    if not isinstance(ckpt, dict) or "agent" not in ckpt or "obs_rms" not in ckpt or "args" not in ckpt:
-        raise UsageError(f"cannot load checkpoint {path}: it does not hold a {PROG} policy")
-    return ckpt
-
-
-def policy_state(agent: Agent, obs_rms: RunningMeanStd, args: Args) -> dict:
-    return {"agent": agent.state_dict(), "obs_rms": obs_rms.state_dict(), "args": dataclasses.asdict(args)}
-
-
-def restore_policy(ckpt: dict, agent: Agent, obs_rms: RunningMeanStd, path: str) -> None:
-    try:
-        agent.load_state_dict(ckpt["agent"])
+        discrete = "actor_logstd" not in state
+        obs_dim, act_dim = state["actor_mean.0.weight"].shape[1], state["actor_mean.4.weight"].shape[0]
+        agent, obs_rms = Agent(obs_dim, act_dim, discrete), RunningMeanStd(shape=(obs_dim,))
+        agent.load_state_dict(state)
         obs_rms.load_state_dict(ckpt["obs_rms"])
-    except (RuntimeError, ValueError, KeyError) as e:
-        raise UsageError(f"checkpoint {path} does not fit this env/network: {str(e).splitlines()[0][:160]}") from None
+    except (RuntimeError, ValueError, KeyError, IndexError, AttributeError) as e:
+        raise UsageError(
+            f"checkpoint {path} does not hold a policy this network fits: {str(e).splitlines()[0][:160]}"
+        ) from None
+    return agent, obs_rms
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Evaluation with the mean action and frozen normalization statistics
+# Using a trained policy: load_policy for Python, --eval-checkpoint on the command line
 # ---------------------------------------------------------------------------------------------------------------------
-def evaluate(agent: Agent, obs_rms: RunningMeanStd, env_id: str, episodes: int, seed: int, args: Args) -> np.ndarray:
-    try:
-        env = gym.make(env_id)
-    except (gym.error.Error, ModuleNotFoundError, ImportError) as e:
-        raise UsageError(f"cannot make env '{env_id}': {str(e).splitlines()[0]}") from None
-    check_spaces(env_id, env.observation_space, env.action_space)
-    mean_action, _ = agent.numpy_actor()
-    low, high = env.action_space.low, env.action_space.high
+class Policy:
+    """A trained policy with its frozen normalization statistics.
+
+    policy = load_policy("runs/<run>/ppo_continuous.model")
+    action = policy.predict(obs)           # one observation or a batch
+    """
+
+    def __init__(self, agent: Agent, obs_rms: RunningMeanStd, saved_args: dict):
+        self.actor = NumpyPolicy(agent.numpy_weights())
+        self.env_id, self.obs_clip = saved_args["env_id"], saved_args["obs_clip"]
+        self.obs_mean, self.obs_var = (obs_rms.mean, obs_rms.var) if saved_args["norm_obs"] else (None, None)
+        self.low = self.high = None
+
+    def predict(self, obs: np.ndarray, deterministic: bool = True, rng: np.random.Generator | None = None):
+        """The mean (or most likely) action, or a sample when not deterministic; clipped to the env's bounds."""
+        obs = np.asarray(obs, dtype=np.float64)
+        batch = normalize_obs(np.atleast_2d(obs), self.obs_mean, self.obs_var, self.obs_clip)
+        if deterministic:
+            actions = self.actor.best_action(batch)
+        else:
+            actions = self.actor.act(batch, rng or np.random.default_rng())[0]
+        if not self.actor.discrete:
+            if self.low is None:
+                space = make_env(self.env_id).action_space
+                self.low, self.high = space.low, space.high
+            actions = np.clip(actions, self.low, self.high)
+        return actions if obs.ndim > 1 else actions[0]
+
+
+def load_policy(path: str) -> Policy:
+    """A model or checkpoint saved by ppo_continuous.py or dppo_ray.py, ready to act."""
+    ckpt = load_checkpoint(path)
+    return Policy(*agent_from_checkpoint(ckpt, path), ckpt["args"])
+
+
+def evaluate(policy: Policy, episodes: int, seed: int) -> np.ndarray:
+    """Returns of `episodes` episodes with the deterministic action; the first reset is seeded."""
+    env = make_env(policy.env_id)
     returns = []
     obs, _ = env.reset(seed=seed)
     while len(returns) < episodes:
         done, episode_return = False, 0.0
         while not done:
-            x = obs_rms.normalize(obs, args.obs_clip) if args.norm_obs else obs
-            action = mean_action(x.astype(np.float32)[None])[0]
-            obs, reward, terminated, truncated, _ = env.step(np.clip(action, low, high))
+            obs, reward, terminated, truncated, _ = env.step(policy.predict(obs))
             episode_return += float(reward)
             done = terminated or truncated
         returns.append(episode_return)
@@ -360,416 +627,67 @@ def evaluate(agent: Agent, obs_rms: RunningMeanStd, env_id: str, episodes: int, 
 
 
 def run_eval_checkpoint(args: Args) -> None:
-    quiet_mujoco_log(None)
+    quiet_mujoco_log()
     ckpt = load_checkpoint(args.eval_checkpoint)
-    saved = Args(**{k: v for k, v in ckpt["args"].items() if k in {f.name for f in dataclasses.fields(Args)}})
-    try:
-        obs_dim = ckpt["agent"]["actor_mean.0.weight"].shape[1]
-        act_dim = ckpt["agent"]["actor_logstd"].shape[1]
-    except (KeyError, IndexError, AttributeError):
-        raise UsageError(f"cannot load checkpoint {args.eval_checkpoint}: it does not hold a {PROG} policy") from None
-    agent, obs_rms = Agent(obs_dim, act_dim), RunningMeanStd(shape=(obs_dim,))
-    restore_policy(ckpt, agent, obs_rms, args.eval_checkpoint)
-    returns = evaluate(agent, obs_rms, saved.env_id, args.eval_episodes, args.seed, saved)
+    policy = Policy(*agent_from_checkpoint(ckpt, args.eval_checkpoint), ckpt["args"])
+    returns = evaluate(policy, args.eval_episodes, args.seed)
     print(
-        f"{saved.env_id}: mean return {returns.mean():.2f} ± {returns.std():.2f} over {len(returns)} episodes "
+        f"{policy.env_id}: mean return {returns.mean():.2f} ± {returns.std():.2f} over {len(returns)} episodes "
         f"(mean action, saved normalization statistics, {ckpt.get('global_step', '?')} training steps)"
     )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Health diagnostics (the PPO notes: entropy falls slowly, explained variance >= ~0.85, approx_kl around 0.01)
+# Run bookkeeping (shared by both scripts): resume, seeding, run folder, logging, Ctrl-C/SIGTERM, summary
 # ---------------------------------------------------------------------------------------------------------------------
-def health_warnings(history: dict[str, list[float]], iteration: int, args: Args, act_dim: int) -> list[tuple[str, str]]:
-    found = []
-    entropy, kl, ev = history["entropy"], history["approx_kl"], history["explained_variance"]
-    if len(entropy) > 10 and (entropy[-11] - entropy[-1]) / act_dim > 0.5:
-        drop = (entropy[-11] - entropy[-1]) / act_dim
-        found.append(
-            (
-                "entropy_collapse",
-                f"entropy is collapsing ({drop:.2f} nats per action dim in 10 iterations): "
-                "raise --ent-coef (e.g. 0.005) or lower --update-epochs / --learning-rate",
-            )
-        )
-    if len(kl) >= 5 and min(kl[-5:]) > 0.02:
-        found.append(
-            (
-                "high_kl",
-                f"approx_kl has stayed above 0.02 for 5 iterations (now {kl[-1]:.3f}): "
-                "lower --learning-rate or set --target-kl 0.02",
-            )
-        )
-    warmed_up = iteration > max(5, args.num_iterations // 10)
-    if warmed_up and ev and ev[-1] < 0:
-        found.append(
-            (
-                "low_explained_variance",
-                f"explained_variance is {ev[-1]:.2f} < 0 after warm-up, the critic is worse than a constant: "
-                "check the reward scale (--norm-reward) or raise --vf-coef",
-            )
-        )
-    return found
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Training
-# ---------------------------------------------------------------------------------------------------------------------
-def train(args: Args) -> int:
-    ckpt = load_checkpoint(args.resume) if args.resume else None
-    if ckpt is not None:
-        saved_env = ckpt["args"].get("env_id")
-        if saved_env != args.env_id:
-            raise UsageError(f"--resume {args.resume} was trained on {saved_env}, not --env-id {args.env_id}")
-        if "optimizer" not in ckpt:
-            raise UsageError(f"--resume {args.resume} is a saved model, not a training checkpoint.pt")
-        args.run_name = args.run_name or ckpt["run_name"]
-    run_name = args.run_name or f"{args.env_id.replace(':', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    args.run_name = run_name
-    run_dir = os.path.join("runs", run_name)
-    checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
-
-    # Seeding
-    random.seed(args.seed)
-    np.random.seed(args.seed)  # noqa: NPY002 (seeds third-party code; our own sampling uses action_rng)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.set_num_threads(args.torch_threads)
-    action_rng = np.random.default_rng(args.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
-    quiet_mujoco_log(None)
-    envs = make_envs(args, os.path.join(run_dir, "videos"))  # before the run folder: a bad env id leaves nothing
-    os.makedirs(run_dir, exist_ok=True)
-    quiet_mujoco_log(run_dir)
-    obs_dim, act_dim = envs[0].observation_space.shape[0], envs[0].action_space.shape[0]
-    action_low, action_high = envs[0].action_space.low, envs[0].action_space.high
-
-    agent = Agent(obs_dim, act_dim).to(device)
-    # fused: one kernel updates all parameters, instead of a Python loop over them (the CPU default).
-    parameters = list(agent.parameters())  # built once; the optimizer and the gradient clip reuse it every minibatch
-    optimizer = torch.optim.Adam(parameters, lr=args.learning_rate, eps=1e-5, fused=True)
-    obs_rms = RunningMeanStd(shape=(obs_dim,))
-    reward_scaler = RewardScaler(args.num_envs, args.gamma, clip=args.reward_clip)
-    global_step, start_iteration, wall_time_before = 0, 1, 0.0
-    health_counts: dict[str, int] = {}
-    if ckpt is not None:
-        restore_policy(ckpt, agent, obs_rms, args.resume)
-        optimizer.load_state_dict(ckpt["optimizer"])
-        reward_scaler.return_rms.load_state_dict(ckpt["return_rms"])
-        global_step, start_iteration = int(ckpt["global_step"]), int(ckpt["iteration"]) + 1
-        wall_time_before = float(ckpt["wall_time"])
-        health_counts = dict(ckpt["health_counts"])
-        action_rng.bit_generator.state = ckpt["action_rng"]
-        torch.set_rng_state(ckpt["torch_rng"])
-
-    if args.track:
-        try:
-            import wandb
-        except ImportError:
-            raise UsageError("--track needs Weights and Biases: pip install wandb") from None
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=vars(args),
-            name=run_name,
-            save_code=True,
-        )
-    # purge_step drops any points a crashed run wrote after the checkpoint, so a resumed curve continues cleanly.
-    writer = SummaryWriter(run_dir, purge_step=global_step + 1 if ckpt is not None else None)
-    if ckpt is None:
-        writer.add_text(
-            "hyperparameters",
-            "|param|value|\n|-|-|\n" + "\n".join([f"|{key}|{value}|" for key, value in vars(args).items()]),
-        )
-        hparam_values = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in vars(args).items()}
-        for summary in hparams(hparam_values, {"charts/episodic_return": 0.0, "losses/explained_variance": 0.0}):
-            writer.file_writer.add_summary(summary)
-
-    def save_checkpoint(iteration: int) -> None:
-        state = policy_state(agent, obs_rms, args)
-        state.update(
-            optimizer=optimizer.state_dict(),
-            return_rms=reward_scaler.return_rms.state_dict(),
-            global_step=global_step,
-            iteration=iteration,
-            run_name=run_name,
-            wall_time=wall_time_before + time.time() - start_time,
-            health_counts=health_counts,
-            action_rng=action_rng.bit_generator.state,
-            torch_rng=torch.get_rng_state(),
-        )
-        save_atomic(state, checkpoint_path)
-
-    # Ctrl-C: finish the current iteration, save a checkpoint, exit. A second Ctrl-C quits at once.
-    interrupted = False
-
-    def on_sigint(signum, frame):
-        nonlocal interrupted
-        interrupted = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        tqdm.write(
-            f"{PROG}: Ctrl-C: saving a checkpoint after this iteration (press again to quit now)", file=sys.stderr
-        )
-
-    signal.signal(signal.SIGINT, on_sigint)
-
-    # Rollout storage (raw observations and rewards; normalized once per rollout), filled in place each iteration
-    raw_obs_buf = np.zeros((args.num_steps, args.num_envs, obs_dim))
-    actions_buf = np.zeros((args.num_steps, args.num_envs, act_dim), dtype=np.float32)
-    raw_rewards_buf = np.zeros((args.num_steps, args.num_envs))
-    terminations_buf = np.zeros((args.num_steps, args.num_envs), dtype=bool)
-    truncations_buf = np.zeros((args.num_steps, args.num_envs), dtype=bool)
-
-    def normalize_obs(raw: np.ndarray) -> np.ndarray:
-        return (obs_rms.normalize(raw, args.obs_clip) if args.norm_obs else raw).astype(np.float32)
-
-    start_time = time.time()
-    start_step = global_step
-    raw_obs = np.stack([env.reset(seed=args.seed + global_step + i)[0] for i, env in enumerate(envs)])
-    episode_returns, episode_lengths = np.zeros(args.num_envs), np.zeros(args.num_envs, dtype=np.int64)
-    recent_returns: deque[float] = deque(maxlen=100)
-    history: dict[str, list[float]] = {"entropy": [], "approx_kl": [], "explained_variance": []}
-    last_warned: dict[str, int] = {}
-    bad_batches_in_a_row = 0
-    status, last_stats, hard_interrupt = "completed", {}, False
-    iteration = start_iteration - 1
-
-    progress = tqdm(
-        total=args.num_iterations * args.batch_size,
-        initial=min(global_step, args.num_iterations * args.batch_size),
-        disable=args.quiet,
-        unit="step",
-        unit_scale=True,
-        dynamic_ncols=True,
-        mininterval=1.0,
+def training_state(agent, optimizer, obs_rms, return_rms, args, global_step, iteration, wall_time, counters) -> dict:
+    """A checkpoint.pt: the saved model plus what a resumed run needs to continue exactly."""
+    state = policy_state(agent, obs_rms, args, global_step)
+    state |= dict(optimizer=optimizer.state_dict(), return_rms=return_rms.state_dict(), iteration=iteration)
+    return state | dict(
+        run_name=args.run_name, wall_time=wall_time, counters=dict(counters), torch_rng=torch.get_rng_state()
     )
+
+
+def restore_training(ckpt: dict, agent, optimizer, obs_rms, return_rms, path: str) -> tuple[int, int, float, dict]:
+    """Load a checkpoint.pt into the learner; return (global_step, iteration, wall_time, counters)."""
     try:
-        for iteration in range(start_iteration, args.num_iterations + 1):
-            frac = 1.0 - (iteration - 1.0) / args.num_iterations
-            if args.anneal_lr:
-                optimizer.param_groups[0]["lr"] = frac * args.learning_rate
-            ent_coef = args.ent_coef
-            if args.ent_coef_final is not None:
-                ent_coef = args.ent_coef_final + frac * (args.ent_coef - args.ent_coef_final)
+        agent.load_state_dict(ckpt["agent"])
+        obs_rms.load_state_dict(ckpt["obs_rms"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        return_rms.load_state_dict(ckpt["return_rms"])
+        torch.set_rng_state(ckpt["torch_rng"])
+        return int(ckpt["global_step"]), int(ckpt["iteration"]), float(ckpt["wall_time"]), dict(ckpt["counters"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"checkpoint {path} does not fit this env/network: {str(e).splitlines()[0][:160]}") from None
 
-            # ---- Rollout: act with a numpy copy of the current policy and the current normalization statistics,
-            # which both stay fixed until the rollout ends. Actions are stored unclipped, and clipped for the env.
-            mean_action, action_std = agent.numpy_actor()
-            truncated_final_obs: list[tuple[int, int, np.ndarray]] = []
-            for step in range(args.num_steps):
-                global_step += args.num_envs
-                raw_obs_buf[step] = raw_obs
-                noise = action_rng.standard_normal((args.num_envs, act_dim))
-                action = mean_action(normalize_obs(raw_obs)) + action_std * noise
-                actions_buf[step] = action
-                raw_obs, reward, terminated, truncated, final_obs = step_envs(
-                    envs, np.clip(action, action_low, action_high)
-                )
-                raw_rewards_buf[step], terminations_buf[step], truncations_buf[step] = reward, terminated, truncated
-                episode_returns += reward
-                episode_lengths += 1
-                for i, final in final_obs.items():
-                    if truncated[i] and not terminated[i]:
-                        truncated_final_obs.append((step, i, final))
-                    writer.add_scalar("charts/episodic_return", episode_returns[i], global_step)
-                    writer.add_scalar("charts/episodic_length", episode_lengths[i], global_step)
-                    recent_returns.append(float(episode_returns[i]))
-                    episode_returns[i], episode_lengths[i] = 0.0, 0
 
-            # ---- Normalize the batch with the statistics the policy acted on, then let the statistics learn from it
-            obs_buf = normalize_obs(raw_obs_buf)
-            next_obs = normalize_obs(raw_obs)
-            if truncated_final_obs:
-                steps_idx, envs_idx, finals = zip(*truncated_final_obs)
-                final_obs_buf = normalize_obs(np.stack(finals))
-            if args.norm_obs:
-                obs_rms.update(raw_obs_buf.reshape(-1, obs_dim))
-            rewards_np = raw_rewards_buf
-            if args.norm_reward:
-                rewards_np = reward_scaler(raw_rewards_buf, terminations_buf | truncations_buf)
-
-            # ---- Evaluate the batch once with the policy that collected it: values, log-probs, bootstraps ----
-            with torch.no_grad():
-                b_obs = torch.from_numpy(obs_buf.reshape(-1, obs_dim)).to(device)
-                b_actions = torch.from_numpy(actions_buf.reshape(-1, act_dim)).to(device)
-                b_logprobs, _, b_values = agent.evaluate(b_obs, b_actions)
-                values = b_values.view(args.num_steps, args.num_envs)
-                # next_values[t] = V(successor of step t): the next stored obs, the obs after the rollout for the
-                # last step, and V(final obs) where a time limit cut the episode (a reset obs is not a successor).
-                next_values = torch.cat([values[1:], agent.get_value(torch.from_numpy(next_obs).to(device))[None]])
-                if truncated_final_obs:
-                    final_values = agent.get_value(torch.from_numpy(final_obs_buf).to(device))
-                    next_values[list(steps_idx), list(envs_idx)] = final_values
-                rewards = torch.from_numpy(rewards_np.astype(np.float32)).to(device)
-                advantages, returns = compute_gae(
-                    rewards,
-                    values,
-                    next_values,
-                    torch.from_numpy(terminations_buf).to(device),
-                    torch.from_numpy(truncations_buf).to(device),
-                    args.gamma,
-                    args.gae_lambda,
-                )
-            b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
-
-            # ---- Numerical guard: never train on NaN/inf or absurd magnitudes ----
-            problem = None
-            for name, tensor in (("observations", b_obs), ("rewards", rewards), ("advantages", b_advantages)):
-                if not torch.isfinite(tensor).all():
-                    problem = f"non-finite {name}"
-                    break
-            if problem is None and max(b_advantages.abs().max(), b_returns.abs().max()) > args.guard_max_abs:
-                problem = f"advantages or returns above --guard-max-abs {args.guard_max_abs:g}"
-
-            # ---- PPO update: update_epochs passes over shuffled minibatches ----
-            clipfracs = []
-            stats = None
-            if problem is None:
-                for epoch in range(args.update_epochs):
-                    permutation = torch.randperm(args.batch_size, device=device)
-                    for start in range(0, args.batch_size, args.minibatch_size):
-                        mb = permutation[start : start + args.minibatch_size]
-                        new_logprob, entropy, new_value = agent.evaluate(b_obs[mb], b_actions[mb])
-                        stats = ppo_loss(
-                            new_logprob,
-                            b_logprobs[mb],
-                            b_advantages[mb],
-                            new_value,
-                            b_values[mb],
-                            b_returns[mb],
-                            entropy,
-                            clip_coef=args.clip_coef,
-                            clip_vloss=args.clip_vloss,
-                            ent_coef=ent_coef,
-                            vf_coef=args.vf_coef,
-                            norm_adv=args.norm_adv,
-                        )
-                        if not torch.isfinite(stats.loss) or stats.loss.abs() > args.guard_max_abs:
-                            problem = f"loss {stats.loss.item():.3g} in epoch {epoch + 1}"
-                            break
-                        optimizer.zero_grad(set_to_none=True)
-                        stats.loss.backward()
-                        grad_norm = nn.utils.clip_grad_norm_(parameters, args.max_grad_norm)
-                        if not torch.isfinite(grad_norm):
-                            problem = f"non-finite gradient in epoch {epoch + 1}"
-                            break
-                        optimizer.step()
-                        clipfracs.append(stats.clipfrac)
-                    if problem is not None:
-                        break
-                    if args.target_kl is not None and stats.approx_kl > args.target_kl:
-                        break
-
-            if problem is not None:
-                bad_batches_in_a_row += 1
-                health_counts["bad_batches"] = health_counts.get("bad_batches", 0) + 1
-                writer.add_scalar("guard/bad_batches", health_counts["bad_batches"], global_step)
-                tqdm.write(f"{PROG}: warning: skipped a bad batch at step {global_step}: {problem}", file=sys.stderr)
-                if bad_batches_in_a_row >= args.guard_patience:
-                    raise BadBatchError(
-                        f"stopping: {bad_batches_in_a_row} bad batches in a row (last: {problem}); "
-                        f"the last good checkpoint is {checkpoint_path if os.path.exists(checkpoint_path) else 'none'}"
-                    )
-                continue
-            bad_batches_in_a_row = 0
-
-            # ---- Logging ----
-            y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
-            ev = explained_variance(y_pred, y_true)
-            sps = int((global_step - start_step) / (time.time() - start_time))
-            last_stats = {
-                "entropy": stats.entropy.item(),
-                "approx_kl": stats.approx_kl.item(),
-                "explained_variance": ev,
-            }
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            writer.add_scalar("charts/ent_coef", ent_coef, global_step)
-            writer.add_scalar("losses/value_loss", stats.value_loss.item(), global_step)
-            writer.add_scalar("losses/policy_loss", stats.policy_loss.item(), global_step)
-            writer.add_scalar("losses/entropy", last_stats["entropy"], global_step)
-            writer.add_scalar("losses/old_approx_kl", stats.old_approx_kl.item(), global_step)
-            writer.add_scalar("losses/approx_kl", last_stats["approx_kl"], global_step)
-            writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
-            writer.add_scalar("losses/explained_variance", ev, global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            if recent_returns:
-                writer.add_histogram("charts/episodic_return_hist", np.array(recent_returns), global_step)
-
-            for key in history:
-                history[key].append(last_stats[key])
-            for name, message in health_warnings(history, iteration, args, act_dim):
-                health_counts[name] = health_counts.get(name, 0) + 1
-                writer.add_scalar(f"health/{name}", health_counts[name], global_step)
-                if iteration - last_warned.get(name, -(10**9)) >= 50:
-                    last_warned[name] = iteration
-                    tqdm.write(f"{PROG}: warning: {message}", file=sys.stderr)
-
-            progress.update(global_step - progress.n)
-            recent = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
-            progress.set_postfix_str(f"SPS={sps} return={recent}", refresh=False)
-            if args.checkpoint_every and iteration % args.checkpoint_every == 0:
-                save_checkpoint(iteration)
-            if interrupted:
-                status = "interrupted"
-                break
-    except KeyboardInterrupt:
-        # A second Ctrl-C quits at once: the state may be mid-iteration, so the last checkpoint written at an
-        # iteration boundary is kept rather than overwritten.
-        status, hard_interrupt = "interrupted", True
-    except BadBatchError as e:
-        progress.close()
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        status = "stopped_by_guard"
-        write_summary(run_dir, args, status, last_stats, recent_returns, global_step, wall_time_before, start_time)
-        writer.close()
-        close_envs(envs)
-        return 1
-    progress.close()
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    if status == "completed" or not hard_interrupt:
-        save_checkpoint(iteration)
-    if args.save_model and status == "completed":
+def end_run(args, run_dir, monitor, status, save_checkpoint, agent, obs_rms, global_step, extra: dict) -> None:
+    """A checkpoint to resume from (not after a second Ctrl-C, when the state may be mid-iteration, nor when the
+    guard stopped the run: then the last good one stays), the model and its evaluation, summary.json."""
+    if status in ("completed", "interrupted"):
+        save_checkpoint()
+    if status == "completed" and args.save_model:
         model_path = os.path.join(run_dir, f"{args.exp_name}.model")
-        save_atomic(policy_state(agent, obs_rms, args) | {"global_step": global_step}, model_path)
-        eval_returns = evaluate(agent, obs_rms, args.env_id, args.eval_episodes, args.seed + 10**6, args)
-        for idx, episodic_return in enumerate(eval_returns):
-            writer.add_scalar("eval/episodic_return", episodic_return, idx)
-        print(f"model saved to {model_path}; eval return {eval_returns.mean():.2f} ± {eval_returns.std():.2f}")
-    write_summary(run_dir, args, status, last_stats, recent_returns, global_step, wall_time_before, start_time)
-    writer.close()
-    close_envs(envs)
-    if status == "interrupted":
-        print(f"{PROG}: interrupted at step {global_step}; resume with --resume {checkpoint_path}", file=sys.stderr)
-        return 130
-    return 0
+        save_atomic(policy_state(agent, obs_rms, args, global_step), model_path)
+        returns = evaluate(Policy(agent, obs_rms, dataclasses.asdict(args)), args.eval_episodes, args.seed + 10**6)
+        for idx, episodic_return in enumerate(returns):
+            monitor.writer.add_scalar("eval/episodic_return", episodic_return, idx)
+        print(f"model saved to {model_path}; eval return {returns.mean():.2f} ± {returns.std():.2f}")
+    wall_time = extra.pop("wall_time_before", 0.0) + time.time() - monitor.start_time
+    finish_run(args, run_dir, monitor, status.replace("_hard", ""), global_step, wall_time, extra)
 
 
-def write_summary(run_dir, args, status, last_stats, recent_returns, global_step, wall_time_before, start_time):
-    """summary.json: everything needed to reproduce the run and judge it at a glance."""
-    summary = {
-        "status": status,
-        "hyperparameters": dataclasses.asdict(args),
-        "env_steps": global_step,
-        "wall_time_seconds": round(wall_time_before + time.time() - start_time, 2),
-        "final_entropy": last_stats.get("entropy"),
-        "final_explained_variance": last_stats.get("explained_variance"),
-        "final_approx_kl": last_stats.get("approx_kl"),
-        "mean_return_last_episodes": float(np.mean(recent_returns)) if recent_returns else None,
-        "num_last_episodes": len(recent_returns),
-        "torch_version": torch.__version__,
-        "gymnasium_version": gym.__version__,
-    }
-    with open(os.path.join(run_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+def exit_status(status: str, interrupt: Interrupt) -> int:
+    return {"completed": 0, "stopped_by_guard": 1}.get(status, interrupt.exit_status())
 
 
-def main() -> int:
-    args = tyro.cli(Args)
+def cli(args_type: type, validate, train) -> int:
+    """Parse the flags, then train or evaluate; bad input is one line on stderr and exit status 2."""
+    args = tyro.cli(args_type)
+    sys.path.insert(0, os.getcwd())  # `--env-id module:EnvId` finds the module in the working directory, as python -m
     try:
-        validate_args(args)
+        validate(args)
         if args.eval_checkpoint:
             run_eval_checkpoint(args)
             return 0
@@ -779,5 +697,71 @@ def main() -> int:
         return 2
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Training: the algorithm box
+# ---------------------------------------------------------------------------------------------------------------------
+def train(args: Args) -> int:
+    ckpt = resume_checkpoint(args)
+    device = seed_everything(args)
+    run_dir = run_folder(args)
+    seed = args.seed + (int(ckpt["global_step"]) if ckpt else 0)
+    sampler = Sampler(args.env_id, args.num_envs, seed, args, os.path.join(run_dir, "videos"))  # a bad env fails here
+    obs_dim, act_dim, _ = check_spaces(args.env_id, sampler.envs[0])
+    agent, optimizer, obs_rms, return_rms = make_learner(args, obs_dim, act_dim, False, device)
+    global_step, iteration, wall_time_before, counters = 0, 0, 0.0, {}
+    if ckpt is not None:
+        global_step, iteration, wall_time_before, counters = restore_training(
+            ckpt, agent, optimizer, obs_rms, return_rms, args.resume
+        )
+        sampler.rng.bit_generator.state = ckpt["sampler_rng"]
+    elif args.norm_obs and args.obs_warmup_steps:
+        obs_rms.update_from_moments(*sampler.warm_up(args.obs_warmup_steps))
+    monitor = Monitor(args, start_run(args, run_dir, resumed=ckpt is not None), global_step, counters, act_dim)
+    interrupt = Interrupt()
+
+    def save_checkpoint() -> None:
+        wall_time = wall_time_before + time.time() - monitor.start_time
+        state = training_state(agent, optimizer, obs_rms, return_rms, args, global_step, iteration, wall_time, {})
+        state["counters"] = monitor.counters
+        save_atomic(state | {"sampler_rng": sampler.rng.bit_generator.state}, os.path.join(run_dir, "checkpoint.pt"))
+
+    status = "completed"
+    try:
+        while iteration < args.num_iterations and interrupt.signum is None:
+            ent_coef = anneal(optimizer, args, iteration + 1)
+            sampler.set_policy(policy_weights(agent, obs_rms), iteration)
+            rollout = sampler.rollout(args.num_steps)
+            global_step += rollout["rewards"].size
+            monitor.episodes(rollout, global_step)
+            update_statistics(rollout, obs_rms, return_rms, args)
+            batch = prepare_batch(agent, rollout, return_rms, args)
+            stats, problem = ppo_update(agent, optimizer, batch, args, ent_coef)
+            iteration += 1
+            schedules = {"charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/ent_coef": ent_coef}
+            updated = monitor.update(stats, problem, batch, global_step, iteration, schedules)
+            if updated and args.checkpoint_every and iteration % args.checkpoint_every == 0:
+                save_checkpoint()
+        status = "completed" if interrupt.signum is None else "interrupted"
+    except KeyboardInterrupt:
+        status = "interrupted_hard"
+    except BadBatchError as e:
+        status = "stopped_by_guard"
+        tqdm.write(f"{PROG}: error: {e}; the last good checkpoint stays in {run_dir}", file=sys.stderr)
+    interrupt.restore()
+    end_run(
+        args,
+        run_dir,
+        monitor,
+        status,
+        save_checkpoint,
+        agent,
+        obs_rms,
+        global_step,
+        {"wall_time_before": wall_time_before},
+    )
+    sampler.close()
+    return exit_status(status, interrupt)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(Args, validate_args, train))

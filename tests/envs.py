@@ -58,3 +58,56 @@ class CrashOnceEnv(CountingEnv):
 
 
 register(id="CrashOnce-v0", entry_point=CrashOnceEnv, max_episode_steps=5, kwargs={"length": 1000})
+
+
+class FlakyEnv(CountingEnv):
+    """A flaky simulator or sensor: every `every`-th step returns a NaN reward (`what="reward"`) or a NaN observation
+    (`what="obs"`); every other step is normal. `every=1` makes every step bad."""
+
+    def __init__(self, every: int = 97, what: str = "reward", **kwargs):
+        super().__init__(**kwargs)
+        self.every, self.what = every, what
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        if self.total_steps % self.every == 0:
+            if self.what == "reward":
+                reward = float("nan")
+            else:
+                obs = np.full_like(obs, np.nan)
+        return obs, reward, terminated, truncated, info
+
+
+register(id="NanSometimes-v0", entry_point=FlakyEnv, max_episode_steps=5, kwargs={"length": 1000})
+register(id="NanObsSometimes-v0", entry_point=FlakyEnv, max_episode_steps=5, kwargs={"length": 1000, "what": "obs"})
+register(id="AlwaysNan-v0", entry_point=FlakyEnv, max_episode_steps=5, kwargs={"length": 1000, "every": 1})
+
+
+class CycleEnv(gym.Env):
+    """The observation walks o -> o + 1 (mod 10) from a random start, and the reward is o itself. Episodes are cut by
+    a 5-step time limit, so the final observation (start + 5) differs from the next reset observation. With
+    truncation bootstrapping, V(o) = o + gamma * V(o + 1 mod 10) for every o (see `cycle_values`)."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(0.0, 9.0, shape=(1,), dtype=np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
+        self.o = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.o = int(self.np_random.integers(10))
+        return np.array([self.o], dtype=np.float32), {}
+
+    def step(self, action):
+        reward = float(self.o)
+        self.o = (self.o + 1) % 10
+        return np.array([self.o], dtype=np.float32), reward, False, False, {}
+
+
+def cycle_values(gamma: float) -> np.ndarray:
+    """The true values of CycleEnv: solve V = r + gamma * P V for the 10-state cycle."""
+    transition = np.roll(np.eye(10), 1, axis=1)
+    return np.linalg.solve(np.eye(10) - gamma * transition, np.arange(10.0))
+
+
+register(id="Cycle-v0", entry_point=CycleEnv, max_episode_steps=5)

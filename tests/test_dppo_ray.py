@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -85,7 +86,8 @@ def test_async_bounds_policy_lag_and_counts_drops(tmp_path):
     result = run([*args, "--quiet"], tmp_path)
     assert result.returncode == 0, result.stderr
     s = summary(tmp_path, "a")
-    assert s["env_steps"] == 2560 and s["dropped_rollouts"] > 0
+    assert s["dropped_rollouts"] > 0 and s["learner_updates"] == 20
+    assert s["env_steps"] == 64 * (2 * 20 + s["dropped_rollouts"]), "dropped rollouts' steps count too"
     assert set(scalars(tmp_path, "a", "charts/policy_lag_max")) == {0.0}
     assert scalars(tmp_path, "a", "charts/dropped_rollouts")[-1] == s["dropped_rollouts"]
 
@@ -99,6 +101,59 @@ def test_async_default_lag_is_logged_and_within_bound(tmp_path):
     assert max(lag_max) <= 2 and max(lag_max) >= 1, "async actors sample while the learner updates"
     assert all(0 <= m <= 2 for m in lag_mean)
     assert summary(tmp_path, "b")["env_steps"] == 8192
+
+
+@pytest.mark.parametrize("sync_every, max_policy_lag", [(1, 0), (4, 0), (4, 1), (4, 2), (10, 3), (3, 8)])
+def test_async_never_stalls_in_process(tmp_path, sync_every, max_policy_lag):
+    """Every combination finishes: in async mode the weights also go out before the lag window closes on every
+    rollout in flight (with --sync-every 4 and the default lag of 2 the run used to stop after 3 updates)."""
+    args = ["--env-id", "tests.envs:Truncating-v0", "--mode", "async", "--no-ray", "--num-steps", "32"]
+    args += ["--sync-every", str(sync_every), "--max-policy-lag", str(max_policy_lag), "--num-minibatches", "2"]
+    args += ["--update-epochs", "1", "--total-timesteps", "1280", "--run-name", "g", "--quiet"]
+    result = run(args, tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    s = summary(tmp_path, "g")
+    assert s["status"] == "completed" and s["learner_updates"] == 20
+    assert max(scalars(tmp_path, "g", "charts/policy_lag_max")) <= max_policy_lag
+
+
+@pytest.mark.parametrize("sync_every, max_policy_lag", [(4, 2), (8, 1)])
+def test_async_never_stalls_on_ray(tmp_path, sync_every, max_policy_lag):
+    args = ["--env-id", "tests.envs:Truncating-v0", "--mode", "async", "--num-steps", "64", "--num-minibatches", "2"]
+    args += ["--sync-every", str(sync_every), "--max-policy-lag", str(max_policy_lag), "--update-epochs", "2"]
+    args += ["--total-timesteps", "3840", "--run-name", "r", "--quiet"]
+    result = run(args, tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr
+    s = summary(tmp_path, "r")
+    assert s["status"] == "completed" and s["learner_updates"] == 30
+    assert max(scalars(tmp_path, "r", "charts/policy_lag_max")) <= max_policy_lag
+
+
+def test_nan_observations_are_dropped_not_merged(tmp_path):
+    """Actors send moments of the observations they met: NaN rows must be left out before the learner merges them,
+    or the statistics (broadcast to every actor) would spoil every later batch."""
+    args = ["--env-id", "tests.envs:NanObsSometimes-v0", "--num-steps", "128", "--num-minibatches", "2"]
+    args += ["--update-epochs", "2", "--total-timesteps", "5120", "--run-name", "n", "--quiet", "--mode", "async"]
+    result = run(args, tmp_path)
+    assert result.returncode == 0, result.stderr
+    s = summary(tmp_path, "n")
+    # about one sample in 97 of those trained on (rollouts dropped for staleness are not counted)
+    assert s["status"] == "completed" and s["bad_batches"] == 0 and s["dropped_samples"] >= 20
+    ckpt = torch.load(tmp_path / "runs" / "n" / "checkpoint.pt", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in ckpt["obs_rms"].values())
+    assert all(np.isfinite(v) for v in scalars(tmp_path, "n", "losses/value_loss"))
+
+
+def test_always_nan_env_stops_with_one_line_and_no_ray_left(tmp_path):
+    before = ray_processes()
+    args = ["--env-id", "tests.envs:AlwaysNan-v0", "--num-steps", "64", "--num-minibatches", "2"]
+    result = run([*args, "--total-timesteps", "2560", "--run-name", "x", "--quiet"], tmp_path)
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "stopping: 3 bad batches in a row" in errors[0], result.stderr
+    assert "Traceback" not in result.stderr and summary(tmp_path, "x")["status"] == "stopped_by_guard"
+    time.sleep(2)
+    assert not ray_processes() - before, "Ray processes were left behind"
 
 
 def test_killed_actor_is_restarted_and_the_run_completes(tmp_path):
@@ -134,7 +189,7 @@ def test_resume_in_process_mode(tmp_path):
     first = run([*base, "--total-timesteps", "2048"], tmp_path)
     assert first.returncode == 0, first.stderr
     ckpt = tmp_path / "runs" / "r" / "checkpoint.pt"
-    assert torch.load(ckpt, weights_only=True)["version"] == 4
+    assert torch.load(ckpt, weights_only=True)["iteration"] == 4
     second = run([*base, "--total-timesteps", "4096", "--resume", str(ckpt)], tmp_path)
     assert second.returncode == 0, second.stderr
     s = summary(tmp_path, "r")

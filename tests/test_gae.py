@@ -13,7 +13,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # gae.py lives at the repository root
 
-from gae import RewardScaler, RunningMeanStd, compute_gae, explained_variance, ppo_loss
+from gae import (
+    DiscountedReturn,
+    RunningMeanStd,
+    advantage_outliers,
+    compute_gae,
+    explained_variance,
+    finite_moments,
+    finite_samples,
+    health_warnings,
+    ppo_loss,
+    scale_rewards,
+)
 
 GAMMA, LAM = 0.9, 0.8  # gamma * lambda = 0.72
 
@@ -712,70 +723,149 @@ def test_rms_load_state_dict_wrong_shape_raises():
 
 
 # =====================================================================================================================
-# RewardScaler
+# Reward scaling: DiscountedReturn (in the sampler) and scale_rewards (on the learner)
 # =====================================================================================================================
-def test_reward_scaler_return_accumulator_restarts_after_episode_end():
+def test_discounted_return_restarts_after_episode_end():
     # gamma = 0.5, 2 envs
     #   step 0: r = [1, 2], ended = [F, F] -> G = [1, 2]
-    #   step 1: r = [1, 1], ended = [T, F] -> G = [0.5*1 + 1, 0.5*2 + 1] = [1.5, 2]; env 0 then resets -> [0, 2]
-    #   step 2: r = [4, 2], ended = [F, T] -> G = [0 + 4, 0.5*2 + 2] = [4, 3];   env 1 then resets -> [4, 0]
+    #   step 1: r = [1, 1], ended = [T, F] -> G = [0.5*1 + 1, 0.5*2 + 1] = [1.5, 2]; env 0 then restarts -> [0, 2]
+    #   step 2: r = [4, 2], ended = [F, T] -> G = [0 + 4, 0.5*2 + 2] = [4, 3];   env 1 then restarts -> [4, 0]
     #   step 3: r = [2, 2], ended = [F, F] -> G = [0.5*4 + 2, 0 + 2] = [4, 2]
-    # Statistics see every pre-reset return: [1, 2, 1.5, 2, 4, 3, 4, 2]
-    sc = RewardScaler(num_envs=2, gamma=0.5, clip=100.0)
+    tracker = DiscountedReturn(num_envs=2, gamma=0.5)
     steps = [
-        ([1.0, 2.0], [False, False], [1.0, 2.0]),
-        ([1.0, 1.0], [True, False], [0.0, 2.0]),
-        ([4.0, 2.0], [False, True], [4.0, 0.0]),
-        ([2.0, 2.0], [False, False], [4.0, 2.0]),
+        ([1.0, 2.0], [False, False], [1.0, 2.0], [1.0, 2.0]),
+        ([1.0, 1.0], [True, False], [1.5, 2.0], [0.0, 2.0]),
+        ([4.0, 2.0], [False, True], [4.0, 3.0], [4.0, 0.0]),
+        ([2.0, 2.0], [False, False], [4.0, 2.0], [4.0, 2.0]),
     ]
-    seen = []
-    pre_reset = [[1.0, 2.0], [1.5, 2.0], [4.0, 3.0], [4.0, 2.0]]
-    for (r, ended, after), g in zip(steps, pre_reset, strict=True):
-        r = np.array(r)
-        scaled = sc(r, np.array(ended))
-        np.testing.assert_allclose(sc.discounted_return, after, atol=1e-12)
-        seen.extend(g)
-        mean, var, _ = moments_with_prior(seen)
-        assert sc.return_rms.mean == pytest.approx(mean, abs=1e-10)
-        assert sc.return_rms.var == pytest.approx(var, abs=1e-10)
-        # scaled reward uses the updated statistics
-        np.testing.assert_allclose(scaled, r / np.sqrt(var + 1e-8), atol=1e-10)
+    for r, ended, returned, after in steps:
+        np.testing.assert_allclose(tracker.step(np.array(r), np.array(ended)), returned, atol=1e-12)
+        np.testing.assert_allclose(tracker.value, after, atol=1e-12)
 
 
-def test_reward_scaler_clips():
-    sc = RewardScaler(num_envs=3, gamma=0.99, clip=0.5)
-    # after one update the returns are [10, -10, 0.1]: var ~ 66.67, std ~ 8.16 -> 10/8.16 = 1.22 clipped to 0.5
+def test_discounted_return_restarts_after_non_finite_reward():
+    tracker = DiscountedReturn(num_envs=2, gamma=0.5)
+    tracker.step(np.array([1.0, 2.0]), np.array([False, False]))
+    returned = tracker.step(np.array([np.nan, 1.0]), np.array([False, False]))
+    assert math.isnan(returned[0]) and returned[1] == 2.0
+    np.testing.assert_array_equal(tracker.value, [0.0, 2.0])
+    np.testing.assert_allclose(tracker.step(np.array([1.0, 1.0]), np.array([False, False])), [1.0, 2.0])
+
+
+def test_scale_rewards_divides_by_return_std_and_clips():
+    rms = RunningMeanStd(shape=())
+    rms.update(np.array([10.0, -10.0, 0.1]))
+    _, var, _ = moments_with_prior([10.0, -10.0, 0.1])
     r = np.array([10.0, -10.0, 0.1])
-    scaled = sc(r, np.zeros(3, dtype=bool))
-    _, var, _ = moments_with_prior(r)
-    np.testing.assert_allclose(scaled, np.clip(r / np.sqrt(var + 1e-8), -0.5, 0.5), atol=1e-12)
-    np.testing.assert_allclose(scaled[:2], [0.5, -0.5])
-    assert abs(scaled[2]) < 0.5
+    np.testing.assert_allclose(scale_rewards(r, rms, clip=100.0), r / np.sqrt(var + 1e-8), atol=1e-12)
+    np.testing.assert_allclose(scale_rewards(r, rms, clip=0.5), np.clip(r / np.sqrt(var + 1e-8), -0.5, 0.5))
 
 
-def test_reward_scaler_update_false_freezes_statistics():
-    sc = RewardScaler(num_envs=2, gamma=0.9, clip=100.0)
-    sc(np.array([1.0, 3.0]), np.array([False, False]))
-    mean, var, count = sc.return_rms.mean, sc.return_rms.var, sc.return_rms.count
-    r = np.array([50.0, -20.0])
-    scaled = sc(r, np.array([False, False]), update=False)
-    assert sc.return_rms.mean == mean and sc.return_rms.var == var and sc.return_rms.count == count
-    np.testing.assert_allclose(scaled, r / np.sqrt(var + 1e-8), atol=1e-12)
+def test_return_statistics_skip_non_finite_returns():
+    rms = RunningMeanStd(shape=())
+    rms.update(np.array([1.0, np.nan, 2.0, np.inf]))
+    mean, var, count = moments_with_prior([1.0, 2.0])
+    assert rms.mean == pytest.approx(mean) and rms.var == pytest.approx(var) and rms.count == pytest.approx(count)
 
 
-def test_reward_scaler_nan_reward_does_not_poison_statistics():
-    sc = RewardScaler(num_envs=2, gamma=0.5, clip=100.0)
-    sc(np.array([1.0, 2.0]), np.array([False, False]))  # G = [1, 2]
-    scaled = sc(np.array([np.nan, 1.0]), np.array([False, False]))  # G = [nan, 2]; env 0 resets, env 1 kept
-    assert math.isnan(scaled[0]) and math.isfinite(scaled[1])
-    np.testing.assert_array_equal(sc.discounted_return, [0.0, 2.0])
-    for _ in range(3):
-        sc(np.array([1.0, 1.0]), np.array([False, False]))
-    # returns after the NaN: [1, 2], then [1.5, 2], then [1.75, 2]
-    np.testing.assert_allclose(sc.discounted_return, [1.75, 2.0])
-    seen = [1.0, 2.0, 2.0, 1.0, 2.0, 1.5, 2.0, 1.75, 2.0]
-    mean, var, _ = moments_with_prior(seen)
-    assert np.isfinite(sc.return_rms.mean) and np.isfinite(sc.return_rms.var)
-    assert sc.return_rms.mean == pytest.approx(mean, abs=1e-10)
-    assert sc.return_rms.var == pytest.approx(var, abs=1e-10)
-    assert sc.return_rms.count == pytest.approx(len(seen) + 1e-4)
+# =====================================================================================================================
+# Numerical guard: finite moments, the per-sample mask, GAE across masked samples, advantage outliers
+# =====================================================================================================================
+def test_finite_moments_leave_out_bad_rows():
+    batch = np.array([[1.0, 2.0], [np.nan, 5.0], [3.0, 4.0], [np.inf, 0.0]])
+    mean, var, count = finite_moments(batch)
+    assert count == 2
+    np.testing.assert_allclose(mean, [2.0, 3.0])
+    np.testing.assert_allclose(var, [1.0, 1.0])
+    assert finite_moments(np.full((2, 3), np.nan))[2] == 0
+
+
+def test_update_from_moments_refuses_non_finite_moments():
+    """dppo_ray.py merges moments that actors computed: NaN moments must not poison the learner's statistics."""
+    rms = RunningMeanStd(shape=(2,))
+    rms.update_from_moments(np.array([np.nan, 1.0]), np.array([1.0, 1.0]), 10)
+    rms.update_from_moments(np.array([0.0, 1.0]), np.array([np.inf, 1.0]), 10)
+    np.testing.assert_array_equal(rms.mean, [0.0, 0.0])
+    np.testing.assert_array_equal(rms.var, [1.0, 1.0])
+    assert rms.count == 1e-4
+
+
+def test_finite_samples_masks_any_non_finite_part():
+    obs = np.zeros((3, 2, 4))
+    actions = np.zeros((3, 2, 1))
+    rewards = np.zeros((3, 2))
+    obs[0, 1, 2] = np.nan
+    actions[1, 0, 0] = np.inf
+    rewards[2, 1] = np.nan
+    expected = np.array([[True, False], [False, True], [True, False]])
+    np.testing.assert_array_equal(finite_samples(obs, actions, rewards), expected)
+    np.testing.assert_array_equal(finite_samples(obs, np.zeros((3, 2)), rewards)[1], [True, True])  # discrete actions
+
+
+def test_gae_masked_sample_cuts_the_chain_and_bootstraps_from_its_value():
+    """A NaN reward at t=2 (its observation is fine): t=1 ends its chain and bootstraps from V(s_2) = nv[1], like a
+    time-limit cut; t=2 gets advantage 0; t=3 is unaffected.
+      d0 = 1 + 0.9*1.0 - 0.5 = 1.4,  d1 = 0 + 0.9*5.0 - 1.0 = 3.5,  d3 = 1 + 0.9*3.0 - 2.0 = 1.7
+      A1 = 3.5 (cut), A0 = 1.4 + 0.72*3.5 = 3.92, A2 = 0, A3 = 1.7"""
+    r = col([1.0, 0.0, float("nan"), 1.0])
+    valid = col([True, True, False, True], dtype=torch.bool)
+    zeros = col([0, 0, 0, 0])
+    adv, ret = compute_gae(r, col(V4), col(NV4), zeros, zeros, GAMMA, LAM, valid=valid)
+    torch.testing.assert_close(adv, col([3.92, 3.5, 0.0, 1.7]))
+    torch.testing.assert_close(ret[[0, 1, 3]], col([4.42, 4.5, 3.7]))
+    assert torch.isfinite(ret).all()
+
+
+def test_gae_non_finite_successor_value_is_a_cut_without_bootstrap():
+    """A NaN observation at t=2 makes V(s_2) NaN: t=1 ends its chain with no bootstrap (like a termination), and
+    the NaN reaches no kept sample. d1 = 0 - 1.0 = -1.0, A0 = 1.4 + 0.72*(-1.0) = 0.68."""
+    v = col([0.5, 1.0, float("nan"), 2.0])
+    nv = col([1.0, float("nan"), 2.0, 3.0])
+    valid = col([True, True, False, True], dtype=torch.bool)
+    zeros = col([0, 0, 0, 0])
+    adv, ret = compute_gae(col(R4), v, nv, zeros, zeros, GAMMA, LAM, valid=valid)
+    torch.testing.assert_close(adv, col([0.68, -1.0, 0.0, 1.7]))
+    assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
+
+
+def test_gae_all_valid_mask_changes_nothing():
+    rng = np.random.default_rng(3)
+    r, v, nv = (torch.tensor(rng.standard_normal((6, 3))) for _ in range(3))
+    term = torch.tensor(rng.random((6, 3)) < 0.2)
+    trunc = torch.tensor(rng.random((6, 3)) < 0.2)
+    plain = compute_gae(r, v, nv, term, trunc, 0.99, 0.95)
+    masked = compute_gae(r, v, nv, term, trunc, 0.99, 0.95, valid=torch.ones(6, 3, dtype=torch.bool))
+    torch.testing.assert_close(plain, masked)
+
+
+def test_advantage_outliers_robust_scale_and_absolute_bound():
+    advantages = np.array([1.0, -1.0, 0.5, -0.5, 0.0, 5000.0, 2.0, np.nan])
+    returns = np.array([0.0, 0.0, 0.0, 0.0, 2e6, 0.0, 0.0, 0.0])
+    valid = np.array([True, True, True, True, True, True, True, False])
+    # Over the kept values [1, -1, .5, -.5, 5000, 2] (index 4 falls to --guard-max-abs through its return):
+    # median 0.75, MAD = median(|x - 0.75|) = median(.25, 1.75, .25, 1.25, 4999.25, 1.25) = 1.25; 5000 is 3999 MADs out.
+    bad = advantage_outliers(advantages, returns, valid, max_abs=1e6, mad_factor=1000.0)
+    np.testing.assert_array_equal(bad, [False, False, False, False, True, True, False, False])
+    assert not advantage_outliers(advantages[:4], returns[:4], valid[:4], max_abs=1e6).any()
+    # With a zero MAD (all kept advantages equal) only the absolute bound applies.
+    same = np.array([1.0, 1.0, 1.0, 3.0])
+    np.testing.assert_array_equal(advantage_outliers(same, np.zeros(4), np.ones(4, bool), max_abs=2.0), [0, 0, 0, 1])
+
+
+def test_advantage_outliers_non_finite_advantage_of_a_valid_sample():
+    bad = advantage_outliers(np.array([1.0, np.inf, 2.0]), np.zeros(3), np.ones(3, bool), max_abs=1e6)
+    np.testing.assert_array_equal(bad, [False, True, False])
+
+
+# =====================================================================================================================
+# Health warnings
+# =====================================================================================================================
+def test_health_warnings_name_the_problem():
+    healthy = {"entropy": [8.0 - 0.01 * i for i in range(20)], "approx_kl": [0.01] * 20, "explained_variance": [0.9]}
+    assert health_warnings(healthy, True, act_dim=6) == []
+    sick = {"entropy": [8.0 - 0.5 * i for i in range(20)], "approx_kl": [0.05] * 20, "explained_variance": [-0.3]}
+    names = [name for name, _ in health_warnings(sick, True, act_dim=6)]
+    assert names == ["entropy_collapse", "high_kl", "low_explained_variance"]
+    # explained variance is not judged during warm-up; a single high-KL update is not "persistent"
+    early = {"entropy": [8.0], "approx_kl": [0.01] * 4 + [0.5], "explained_variance": [-0.3]}
+    assert health_warnings(early, False, act_dim=6) == []

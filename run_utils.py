@@ -1,0 +1,276 @@
+"""Run bookkeeping shared by ppo_continuous.py and dppo_ray.py: errors, checkpoint files, the run folder and its
+TensorBoard writer, logging with the guard's counters and health warnings, Ctrl-C/SIGTERM, and summary.json.
+
+None of this is the algorithm (that is gae.py and ppo_continuous.py); it is what makes a run safe to interrupt,
+resume and compare.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import signal
+import sys
+import time
+import warnings
+from collections import deque
+
+import gymnasium as gym
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from gae import health_warnings
+
+PROG = os.path.basename(sys.argv[0]) if sys.argv[0].endswith(".py") else "ppo_continuous.py"
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line on stderr with exit status 2."""
+
+
+class BadBatchError(Exception):
+    """Raised by the numerical guard when the run must stop."""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Checkpoint files: written atomically, read with weights_only=True so that a shared file cannot run code
+# ---------------------------------------------------------------------------------------------------------------------
+def save_atomic(obj: dict, path: str) -> None:
+    tmp = f"{path}.tmp"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise UsageError(f"checkpoint not found: {path}")
+    try:
+        with warnings.catch_warnings():  # torch warns about the pickle protocol before refusing a foreign pickle
+            warnings.simplefilter("ignore")
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # corrupt, truncated, or a pickle that tries to run code
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(f"cannot load checkpoint {path}: not a valid checkpoint ({reason[:160]})") from None
+    if not isinstance(ckpt, dict) or not {"agent", "obs_rms", "args"} <= set(ckpt):
+        raise UsageError(f"cannot load checkpoint {path}: it holds no policy of ppo_continuous.py or dppo_ray.py")
+    return ckpt
+
+
+def quiet_mujoco_log() -> None:
+    """MuJoCo 4 writes MUJOCO_LOG.TXT into the working directory of every process that builds a model."""
+    try:
+        import mujoco
+    except ImportError:
+        return
+    config = mujoco.MjLogConfig.get()
+    config.logto_file = False
+    config.set()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A run: resume, seeding, folder and writer, Ctrl-C/SIGTERM, logging, summary
+# ---------------------------------------------------------------------------------------------------------------------
+def resume_checkpoint(args) -> dict | None:
+    if not args.resume:
+        return None
+    ckpt = load_checkpoint(args.resume)
+    if ckpt["args"].get("env_id") != args.env_id:
+        raise UsageError(
+            f"--resume {args.resume} was trained on {ckpt['args'].get('env_id')}, not --env-id {args.env_id}"
+        )
+    if "optimizer" not in ckpt:
+        raise UsageError(f"--resume {args.resume} is a saved model, not a training checkpoint.pt")
+    args.run_name = args.run_name or ckpt["run_name"]
+    return ckpt
+
+
+def seed_everything(args) -> torch.device:
+    random.seed(args.seed)
+    np.random.seed(args.seed)  # noqa: NPY002 (seeds third-party code; our own sampling uses the samplers' generators)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(args.torch_threads)
+    return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+
+def run_folder(args) -> str:
+    args.run_name = (
+        args.run_name or f"{args.env_id.replace(':', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    )
+    return os.path.join("runs", args.run_name)
+
+
+def start_run(args, run_dir: str, resumed: bool):
+    """The run folder and its TensorBoard writer (with wandb mirroring it under --track)."""
+    if args.track:
+        try:
+            import wandb
+        except ImportError:
+            raise UsageError("--track needs Weights and Biases: pip install wandb") from None
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=args.run_name,
+            save_code=True,
+        )
+    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard.summary import hparams
+
+    os.makedirs(run_dir, exist_ok=True)
+    # purge_step drops any points a crashed run wrote after the checkpoint, so a resumed curve continues cleanly.
+    writer = SummaryWriter(
+        run_dir, purge_step=int(load_checkpoint(args.resume)["global_step"]) + 1 if resumed else None
+    )
+    if not resumed:
+        table = "\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])
+        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+        hparam_values = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in vars(args).items()}
+        for summary in hparams(hparam_values, {"charts/episodic_return": 0.0, "losses/explained_variance": 0.0}):
+            writer.file_writer.add_summary(summary)
+    return writer
+
+
+class Interrupt:
+    """Ctrl-C (SIGINT) or a cluster's preemption (SIGTERM): finish the current iteration, save a checkpoint, exit
+    with 130 or 143. A second signal quits at once, keeping the last checkpoint written at an iteration boundary."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self.first)
+
+    def first(self, signum, frame):
+        self.signum = signum
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, self.second)
+        name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+        tqdm.write(
+            f"{PROG}: {name}: saving a checkpoint after this iteration (signal again to quit now)", file=sys.stderr
+        )
+
+    def second(self, signum, frame):
+        self.signum = signum
+        raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+
+    def exit_status(self) -> int:
+        return 128 + (self.signum or signal.SIGINT)
+
+
+class Monitor:
+    """What a run reports: TensorBoard scalars, the progress bar, the guard's counters and health warnings."""
+
+    def __init__(self, args, writer, global_step: int, counters: dict, act_dim: int):
+        self.args, self.writer, self.act_dim = args, writer, act_dim
+        self.counters = counters  # shared with the caller, which may count events of its own in it
+        for key in ("bad_batches", "dropped_samples"):
+            counters.setdefault(key, 0)
+        self.recent_returns: deque[float] = deque(maxlen=100)
+        self.history: dict[str, list[float]] = {"entropy": [], "approx_kl": [], "explained_variance": []}
+        self.last_warned: dict[str, int] = {}
+        self.bad_in_a_row, self.last_stats = 0, {}
+        self.start_time, self.start_step = time.time(), global_step
+        total = args.num_iterations * args.batch_size
+        self.progress = tqdm(
+            total=total,
+            initial=min(global_step, total),
+            disable=args.quiet,
+            unit="step",
+            unit_scale=True,
+            dynamic_ncols=True,
+            mininterval=1.0,
+        )
+
+    def warn(self, name: str, message: str, iteration: int) -> None:
+        """At most one warning of a kind per 50 iterations."""
+        if iteration - self.last_warned.get(name, -(10**9)) >= 50:
+            self.last_warned[name] = iteration
+            tqdm.write(f"{PROG}: warning: {message}", file=sys.stderr)
+
+    def episodes(self, rollout: dict, global_step: int) -> None:
+        for episode_return, episode_length in zip(rollout["episode_returns"], rollout["episode_lengths"]):
+            self.writer.add_scalar("charts/episodic_return", episode_return, global_step)
+            self.writer.add_scalar("charts/episodic_length", episode_length, global_step)
+            self.recent_returns.append(float(episode_return))
+
+    def update(
+        self, stats: dict, problem: str | None, batch: dict, global_step: int, iteration: int, extra: dict
+    ) -> bool:
+        """Log one update; count and report what the guard dropped. Returns whether the update happened, and raises
+        BadBatchError after --guard-patience bad batches in a row."""
+        dropped = batch["non_finite"] + batch["outliers"]
+        if dropped:
+            self.counters["dropped_samples"] += dropped
+            self.writer.add_scalar("guard/dropped_samples", self.counters["dropped_samples"], global_step)
+            self.warn(
+                "dropped",
+                f"dropped {batch['non_finite']} samples with NaN/inf data and {batch['outliers']} "
+                f"outlier advantages at step {global_step} (total {self.counters['dropped_samples']})",
+                iteration,
+            )
+        if problem is not None:
+            self.bad_in_a_row += 1
+            self.counters["bad_batches"] += 1
+            self.writer.add_scalar("guard/bad_batches", self.counters["bad_batches"], global_step)
+            tqdm.write(f"{PROG}: warning: skipped a bad batch at step {global_step}: {problem}", file=sys.stderr)
+            if self.bad_in_a_row >= self.args.guard_patience:
+                raise BadBatchError(f"stopping: {self.bad_in_a_row} bad batches in a row (last: {problem})")
+            return False
+        self.bad_in_a_row = 0
+        sps = int((global_step - self.start_step) / (time.time() - self.start_time))
+        for tag, value in (stats | extra | {"charts/SPS": sps}).items():
+            self.writer.add_scalar(tag, value, global_step)
+        if self.recent_returns:
+            self.writer.add_histogram("charts/episodic_return_hist", np.array(self.recent_returns), global_step)
+        for key in self.history:
+            self.history[key].append(stats[f"losses/{key}"])
+        self.last_stats = {key: values[-1] for key, values in self.history.items()}
+        warmed_up = iteration > max(5, self.args.num_iterations // 10)
+        for name, message in health_warnings(self.history, warmed_up, self.act_dim):
+            self.counters[name] = self.counters.get(name, 0) + 1
+            self.writer.add_scalar(f"health/{name}", self.counters[name], global_step)
+            self.warn(name, message, iteration)
+        self.progress.update(global_step - self.progress.n)
+        recent = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "n/a"
+        self.progress.set_postfix_str(f"return={recent}", refresh=False)
+        return True
+
+    def mean_return(self) -> float | None:
+        return float(np.mean(self.recent_returns)) if self.recent_returns else None
+
+
+def finish_run(
+    args, run_dir: str, monitor: Monitor, status: str, global_step: int, wall_time: float, extra: dict
+) -> None:
+    """Write summary.json and print one closing line on stdout (--quiet included): where the run went, how it ended
+    and what to run next."""
+    monitor.progress.close()
+    summary = dict(status=status, hyperparameters=dataclasses.asdict(args), env_steps=global_step)
+    summary |= dict(wall_time_seconds=round(wall_time, 2), final_entropy=monitor.last_stats.get("entropy"))
+    summary |= dict(final_explained_variance=monitor.last_stats.get("explained_variance"))
+    summary |= dict(
+        final_approx_kl=monitor.last_stats.get("approx_kl"), mean_return_last_episodes=monitor.mean_return()
+    )
+    summary |= dict(num_last_episodes=len(monitor.recent_returns), **monitor.counters, **extra)
+    summary |= dict(torch_version=torch.__version__, gymnasium_version=gym.__version__)
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    monitor.writer.close()
+    line = f"{PROG}: {status} at step {global_step}; run folder {run_dir}"
+    if monitor.recent_returns:
+        line += f"; mean return of the last {len(monitor.recent_returns)} episodes {monitor.mean_return():.2f}"
+    line += "; curves: tensorboard --logdir runs"
+    model_path = os.path.join(run_dir, f"{args.exp_name}.model")
+    if status == "interrupted":
+        line += f"; continue with: python {PROG} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
+    elif status == "completed" and args.save_model:
+        line += f"; evaluate with: python {PROG} --eval-checkpoint {model_path}"
+    print(line, flush=True)

@@ -1,0 +1,123 @@
+"""What ppo_continuous.py and dppo_ray.py must share: their flags, their checkpoints, the truncation bootstrap with
+normalized observations, and the schedules across an interruption. Each test runs both scripts as a user would."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import dppo_ray  # noqa: E402
+import ppo_continuous  # noqa: E402
+from tests.envs import cycle_values  # noqa: E402
+
+# The same rollout shape for both: ppo's 2 envs x 128 steps, DPPO's 2 actors x 1 env x 128 steps (in-process).
+SHAPE = {"ppo_continuous.py": ["--num-envs", "2"], "dppo_ray.py": ["--num-actors", "2", "--no-ray"]}
+COMMON = ["--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "4", "--quiet"]
+
+
+def run(script: str, args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    command = [sys.executable, str(REPO / script), *args]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def test_dppo_has_every_flag_of_ppo_with_the_same_default_and_meaning():
+    ppo_fields = {f.name: f for f in dataclasses.fields(ppo_continuous.Args)}
+    dppo_fields = {f.name: f for f in dataclasses.fields(dppo_ray.Args)}
+    rollout_shape = {"num_envs", "num_steps", "exp_name", "env_id"}  # env_id: DPPO also takes Discrete
+    for name, field in ppo_fields.items():
+        assert name in dppo_fields, f"--{name} is missing from dppo_ray.py"
+        if name not in rollout_shape:
+            assert dppo_fields[name].default == field.default, name
+            assert dppo_fields[name].type == field.type, name
+    help_text = subprocess.run([sys.executable, str(REPO / "dppo_ray.py"), "--help"], capture_output=True, text=True)
+    assert "--num-envs " not in help_text.stdout and "--num-envs-per-actor" in help_text.stdout
+    for name in ppo_fields:
+        if name not in ("num_envs", "batch_size", "minibatch_size", "num_iterations"):
+            assert f"--{name.replace('_', '-')}" in help_text.stdout, name
+
+
+def test_models_of_either_script_evaluate_with_the_other(tmp_path):
+    """A model saved by one script is read by the other's --eval-checkpoint, on the same Box env, with the same
+    result."""
+    results = {}
+    for script in SHAPE:
+        name = script.split(".")[0]
+        args = ["--env-id", "Pendulum-v1", "--total-timesteps", "1024", "--run-name", name, "--save-model"]
+        trained = run(script, [*args, *SHAPE[script], *COMMON], tmp_path)
+        assert trained.returncode == 0, trained.stderr
+        for path in (tmp_path / "runs" / name / f"{name}.model", tmp_path / "runs" / name / "checkpoint.pt"):
+            for evaluator in SHAPE:
+                out = run(evaluator, ["--eval-checkpoint", str(path), "--eval-episodes", "2", "--seed", "3"], tmp_path)
+                assert out.returncode == 0, out.stderr
+                results[(name, path.name, evaluator)] = out.stdout.strip().splitlines()[-1]
+    for (name, file, evaluator), line in results.items():
+        assert line == results[(name, file, "ppo_continuous.py")], (name, file, evaluator)
+        assert line.startswith("Pendulum-v1: mean return")
+
+
+@pytest.mark.parametrize("script", list(SHAPE))
+def test_truncation_bootstraps_with_normalized_observations(tmp_path, script):
+    """Cycle-v0's final observation differs from the next reset observation, and its reward depends on the state.
+    With observation normalization on, the critic must learn V(o) = o + gamma V(o + 1): only a bootstrap from the
+    normalized *final* observation gets there (a cut without bootstrap, or V(reset obs), would not)."""
+    args = ["--env-id", "tests.envs:Cycle-v0", "--run-name", "c", "--total-timesteps", "40960", "--no-norm-reward"]
+    args += ["--no-clip-vloss", "--gamma", "0.5", "--learning-rate", "3e-3", "--num-steps", "128", "--quiet"]
+    args += ["--num-minibatches", "4"]
+    result = run(script, [*args, *SHAPE[script]], tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr
+    policy_ckpt = torch.load(tmp_path / "runs" / "c" / "checkpoint.pt", weights_only=True)
+    agent, obs_rms = ppo_continuous.agent_from_checkpoint(policy_ckpt, "c")
+    obs = obs_rms.normalize(np.arange(10.0)[:, None], 10.0).astype(np.float32)
+    with torch.no_grad():
+        values = agent.get_value(torch.from_numpy(obs)).numpy()
+    np.testing.assert_allclose(values, cycle_values(0.5), atol=0.6)
+
+
+@pytest.mark.parametrize("script", list(SHAPE))
+def test_interrupted_and_resumed_run_logs_the_same_schedules(tmp_path, script):
+    """SIGTERM mid-run (exit 143, a checkpoint), then --resume with the same flags: charts/learning_rate and
+    charts/ent_coef follow the uninterrupted run's curves exactly."""
+    args = ["--env-id", "Pendulum-v1", "--total-timesteps", "15360", "--ent-coef", "0.01", "--ent-coef-final", "0"]
+    args += ["--checkpoint-every", "0", *SHAPE[script], *COMMON]
+    full = run(script, [*args, "--run-name", "full"], tmp_path)
+    assert full.returncode == 0, full.stderr
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    command = [sys.executable, str(REPO / script), *args, "--run-name", "cut"]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list((tmp_path / "runs" / "cut").glob("events.*")):
+        time.sleep(0.2)
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr
+    assert "SIGTERM" in stderr and "Traceback" not in stderr and "--resume" in stdout
+    ckpt = tmp_path / "runs" / "cut" / "checkpoint.pt"
+    interrupted_at = torch.load(ckpt, weights_only=True)["global_step"]
+    assert 0 < interrupted_at < 15360, "interrupt earlier: the run had finished"
+    resumed = run(script, [*args, "--run-name", "cut", "--resume", str(ckpt)], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    for tag in ("charts/learning_rate", "charts/ent_coef"):
+        assert scalars(tmp_path / "runs" / "cut", tag) == scalars(tmp_path / "runs" / "full", tag), tag
+    assert json.loads((tmp_path / "runs" / "cut" / "summary.json").read_text())["env_steps"] == 15360
