@@ -1,7 +1,9 @@
 """RLlib PPO (new API stack) baseline, meant to be timed as a whole process against dppo_ray.py.
 
-Needs its own venv: ray[rllib] pins gymnasium 1.2.2, the main venv has a newer one (see requirements-rllib.txt):
-    python3 -m venv /work/rllib-venv && /work/rllib-venv/bin/pip install -r benchmarks/requirements-rllib.txt
+Needs its own venv: ray[rllib] pins gymnasium 1.2.2, the main venv has a newer one (see requirements-rllib.txt).
+From the repository root (benchmarks/throughput.py and scaling.py look for it there; git ignores the folder):
+    python3 -m venv benchmarks/.venv-rllib && benchmarks/.venv-rllib/bin/pip install \\
+        -r benchmarks/requirements-rllib.txt
 
 Hyperparameters follow CleanRL's ppo_continuous_action.py as far as RLlib allows: 64-64 tanh actor and critic without
 shared layers, state-independent log std, observation normalization (MeanStdFilter connector, clipped to +-10), GAE
@@ -13,7 +15,7 @@ batch), Adam eps 1e-5 (RLlib: torch default 1e-8) and orthogonal weight init.
 Prints one JSON line to stdout at the end.
 
 Example:
-    /work/rllib-venv/bin/python benchmarks/rllib_ppo.py --env-id HalfCheetah-v5 --total-timesteps 100000
+    benchmarks/.venv-rllib/bin/python benchmarks/rllib_ppo.py --env-id HalfCheetah-v5 --total-timesteps 100000
 """
 
 import argparse
@@ -36,25 +38,6 @@ def quiet_mujoco() -> None:
 
 
 quiet_mujoco()
-
-import gymnasium as gym  # noqa: E402
-import ray  # noqa: E402
-import torch  # noqa: E402
-from ray.rllib.algorithms.ppo import PPOConfig  # noqa: E402
-from ray.rllib.connectors.env_to_module import MeanStdFilter  # noqa: E402
-from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig  # noqa: E402
-from ray.tune.registry import register_env  # noqa: E402
-
-ENV_NAME = "rllib_ppo_bench_env"
-
-
-def make_env(env_config: dict) -> gym.Env:
-    quiet_mujoco()
-    return gym.make(env_config["env_id"])
-
-
-def mean_std_filter(env=None, spaces=None, device=None) -> MeanStdFilter:
-    return MeanStdFilter(clip_by_value=10.0)
 
 
 def parse_args() -> argparse.Namespace:
@@ -97,6 +80,29 @@ def parse_args() -> argparse.Namespace:
     if needed > os.cpu_count() + 1e-9:
         p.error(f"--num-env-runners x --env-runner-cpus = {needed:g} exceeds the {os.cpu_count()} CPUs")
     return args
+
+
+if __name__ == "__main__":
+    parse_args()  # --help and bad flags answer here, before importing Ray and RLlib (only the RLlib venv has them)
+
+import gymnasium as gym  # noqa: E402
+import ray  # noqa: E402
+import torch  # noqa: E402
+from ray.rllib.algorithms.ppo import PPOConfig  # noqa: E402
+from ray.rllib.connectors.env_to_module import MeanStdFilter  # noqa: E402
+from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig  # noqa: E402
+from ray.tune.registry import register_env  # noqa: E402
+
+ENV_NAME = "rllib_ppo_bench_env"
+
+
+def make_env(env_config: dict) -> gym.Env:
+    quiet_mujoco()
+    return gym.make(env_config["env_id"])
+
+
+def mean_std_filter(env=None, spaces=None, device=None) -> MeanStdFilter:
+    return MeanStdFilter(clip_by_value=10.0)
 
 
 def build_config(args: argparse.Namespace) -> PPOConfig:

@@ -1,14 +1,15 @@
 """DPPO throughput as actors are added, against linear scaling (and RLlib PPO with as many env runners).
 
-    python benchmarks/scaling.py                                   # 1, 2, 4, 8 actors on a 5 ms-latency env
+    python benchmarks/scaling.py                   # 1, 2, 4, 8 actors on a 5 ms-latency env: 4 runs, about 4 min
     python benchmarks/scaling.py --envs HalfCheetah-v5 --actors 1 2 4
-    python benchmarks/scaling.py --rllib-python /work/rllib-venv/bin/python   # adds RLlib (its own venv)
-    python benchmarks/scaling.py --quick --out-dir /tmp/sc        # smoke test, under 3 minutes on 2 cores
+    python benchmarks/scaling.py --rllib           # adds RLlib PPO, from its own venv benchmarks/.venv-rllib
+    python benchmarks/scaling.py --quick           # smoke test, under 3 minutes on 2 cores
 
 Every run is dppo_ray.py in async mode with one env per actor and the same per-actor rollout, minibatch size and
 epochs, so the batch grows with the actors. Throughput is measured in steady state, from the learner's first update
 to its last (actor start-up excluded), from the TensorBoard event times; the whole-run rate is reported beside it.
-Writes <out-dir>/scaling.md and <out-dir>/scaling.png.
+Writes <out-dir>/scaling.md and <out-dir>/scaling.png. The default <out-dir> is a new folder
+benchmarks/results/local/<UTC date-time>/, which git ignores; --update-committed writes into benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -20,7 +21,18 @@ import sys
 import tempfile
 import time
 
-from throughput import BenchError, json_result, timed_subprocess
+from throughput import (
+    BenchError,
+    HelpFormatter,
+    add_output_args,
+    display_command,
+    json_result,
+    relative_to_cwd,
+    resolve_out_dir,
+    timed_subprocess,
+    venv_python,
+    venvs_epilog,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LATENCY_ENV = "benchmarks.envs:SlowPendulum-v1"
@@ -76,25 +88,50 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({model}), no GPU"
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--envs", nargs="+", default=[LATENCY_ENV])
-    p.add_argument("--actors", nargs="+", type=int, default=[1, 2, 4, 8])
-    p.add_argument("--num-steps", type=int, default=256, help="per-actor rollout length (also the minibatch size)")
-    p.add_argument("--updates", type=int, default=24, help="learner updates per run")
-    p.add_argument("--rllib-python", default=None, help="python of a venv with ray[rllib] (benchmarks/README)")
-    p.add_argument("--out-dir", default=os.path.join("benchmarks", "results"))
-    p.add_argument("--quick", action="store_true", help="smoke test: 1 and 2 actors, short runs")
-    cfg = p.parse_args()
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="scaling.py", description=__doc__, formatter_class=HelpFormatter, epilog=venvs_epilog(["rllib"])
+    )
+    p.add_argument("--envs", nargs="+", default=[LATENCY_ENV], help=f"env ids (default: {LATENCY_ENV})")
+    p.add_argument("--actors", nargs="+", type=int, default=[1, 2, 4, 8], help="actor counts (default: 1 2 4 8)")
+    p.add_argument(
+        "--num-steps", type=int, default=256, help="per-actor rollout length, also the minibatch size (default: 256)"
+    )
+    p.add_argument("--updates", type=int, default=24, help="learner updates per run (default: 24)")
+    p.add_argument(
+        "--rllib",
+        action="store_true",
+        help="also run RLlib PPO with as many env runners (needs the RLlib venv, benchmarks/.venv-rllib)",
+    )
+    p.add_argument(
+        "--rllib-python",
+        default=None,
+        metavar="PYTHON",
+        help="python of the RLlib venv; implies --rllib (default: benchmarks/.venv-rllib/bin/python in this "
+        "repository)",
+    )
+    add_output_args(p, "scaling.md and scaling.png")
+    p.add_argument("--quick", action="store_true", help="smoke test: 1 and 2 actors, 64-step rollouts, 6 updates")
+    cfg = p.parse_args(argv)
     if cfg.quick:
         cfg.actors, cfg.num_steps, cfg.updates = [1, 2], 64, 6
+    cfg.rllib = cfg.rllib or cfg.rllib_python is not None
+    cfg.out_dir = resolve_out_dir(cfg)
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    cfg = parse_args(argv)
+    if cfg.rllib:
+        cfg.rllib_python = venv_python("rllib", cfg.rllib_python)  # before any run: one line if it is missing
     os.makedirs(cfg.out_dir, exist_ok=True)
     rows = []
     for env_id in cfg.envs:
         for actors in cfg.actors:
             print(f"{env_id}: dppo with {actors} actors ...", file=sys.stderr, flush=True)
             rows.append({"env": env_id, "impl": "dppo", "actors": actors, **run_dppo(env_id, actors, cfg)})
-            if cfg.rllib_python:
+            if cfg.rllib:
                 print(f"{env_id}: rllib with {actors} env runners ...", file=sys.stderr, flush=True)
                 rows.append(
                     {
@@ -108,7 +145,7 @@ def main() -> int:
     lines = [
         "# DPPO scaling",
         "",
-        f"Command: `python {' '.join(sys.argv)}`  ",
+        f"Command: `{display_command([os.path.abspath(__file__), *argv])}`  ",
         f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",
         f"Machine: {machine()}  ",
         f"Per actor: 1 env, {cfg.num_steps}-step rollouts; minibatch {cfg.num_steps}; 4 epochs; async mode.",
@@ -157,7 +194,7 @@ def main() -> int:
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(cfg.out_dir, "scaling.png"), dpi=100)
-    print(f"wrote {cfg.out_dir}/scaling.md and scaling.png", file=sys.stderr)
+    print(f"wrote {relative_to_cwd(os.path.join(cfg.out_dir, 'scaling.md'))} and scaling.png", file=sys.stderr)
     return 0
 
 

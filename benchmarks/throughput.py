@@ -1,14 +1,27 @@
-"""Env steps/s of our PPO, Stable-Baselines3 PPO and the raw environment, side by side in one run.
+"""Env steps/s of our PPO, Stable-Baselines3 PPO, RLlib PPO, CleanRL's script and the raw environment, in one run.
 
     python benchmarks/throughput.py                 # HalfCheetah-v5 and Hopper-v5, 100k steps, 1 repeat
-    python benchmarks/throughput.py --quick --out-dir /tmp/tp   # smoke test, under 3 minutes on 2 cores
+    python benchmarks/throughput.py --quick         # smoke test, under 3 minutes on 2 cores
+    python benchmarks/throughput.py --impls ppo rllib                 # RLlib from benchmarks/.venv-rllib
+    python benchmarks/throughput.py --impls ppo cleanrl --cleanrl-script PATH/ppo_continuous_action.py
 
-Writes <out-dir>/throughput.md (table plus how it was measured) and <out-dir>/throughput.png, and prints the table.
+Writes <out-dir>/throughput.md (table plus how it was measured) and <out-dir>/throughput.png (--name changes the
+name), and prints the table.
+The default <out-dir> is a new folder benchmarks/results/local/<UTC date-time>/, which git ignores;
+--update-committed writes into benchmarks/results/ instead (the tables the README quotes).
 
 Measured per env and repeat, implementations interleaved (raw, ppo, sb3, raw, ppo, sb3, ...) to spread machine noise:
-  raw  the random-action step loop of one gym.make env, in this process (the ceiling any learner can reach);
-  ppo  ppo_continuous.py as a subprocess in a fresh temporary working directory;
-  sb3  benchmarks/sb3_ppo.py the same way.
+  raw      the random-action step loop of one gym.make env, in this process (the ceiling any learner can reach);
+  ppo      ppo_continuous.py as a subprocess in a fresh temporary working directory;
+  sb3      benchmarks/sb3_ppo.py the same way;
+  dppo_sync, dppo_async
+           dppo_ray.py with --num-actors actors, each sampling num_steps / actors steps (same batch);
+  rllib    benchmarks/rllib_ppo.py with the python of its own venv (--rllib-python, default
+           benchmarks/.venv-rllib/bin/python; how to create it: below);
+  cleanrl  CleanRL's own ppo_continuous_action.py (not part of this repo: --cleanrl-script PATH) with the python of
+           its own venv (--cleanrl-python, default benchmarks/.venv-cleanrl/bin/python; how to create it: below),
+           with OMP_NUM_THREADS=1 as in CleanRL's own benchmark, on the -v4 version of a -v5 env (CleanRL's
+           gymnasium 0.29.1 has no v5 MuJoCo envs).
 Whole-process steps/s = env steps actually run / wall time of the whole subprocess (interpreter start, imports, env
 creation, training, saving). In-loop steps/s = the implementation's own rate for its training loop. Median of repeats.
 
@@ -29,12 +42,22 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROG = "throughput.py"
+RESULTS_DIR = os.path.join(REPO, "benchmarks", "results")  # committed tables and plots (--update-committed)
+LOCAL_RESULTS_DIR = os.path.join(RESULTS_DIR, "local")  # git-ignored; each run gets a new <UTC date-time> folder in it
+
+# The comparison venvs: folder (relative to the repository root, git-ignored) and requirements file. Each is created by
+# one command, `venv_command(kind)`, run from the repository root.
+VENVS = {
+    "rllib": ("benchmarks/.venv-rllib", "benchmarks/requirements-rllib.txt"),
+    "cleanrl": ("benchmarks/.venv-cleanrl", "benchmarks/requirements-cleanrl.txt"),
+}
 
 QUICK = {"envs": ["HalfCheetah-v5"], "total_timesteps": 4096, "repeats": 1, "num_steps": 1024, "num_minibatches": 16}
 DEFAULTS = {
@@ -56,10 +79,114 @@ class Result:
     steps: int
     whole_seconds: float | None  # wall time of the whole process; None when not a separate process (raw)
     inloop_sps: float  # the implementation's own steps/s of its step/training loop
+    env_run: str | None = None  # the env id actually run, where it differs from the one asked for (cleanrl: -v4)
 
     @property
     def whole_sps(self) -> float | None:
         return None if self.whole_seconds is None else self.steps / self.whole_seconds
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Where things are: comparison venvs, output folders, the command line as recorded in a results file
+# ---------------------------------------------------------------------------------------------------------------------
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The description as written; flag help wrapped without breaking paths such as benchmarks/.venv-rllib."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(text, width, break_on_hyphens=False)
+
+
+def venv_command(kind: str) -> str:
+    """The one command, run from the repository root, that creates the `kind` venv."""
+    folder, requirements = VENVS[kind]
+    return f"python3 -m venv {folder} && {folder}/bin/pip install -r {requirements}"
+
+
+def venvs_epilog(kinds: list[str]) -> str:
+    """--help's last lines: the command that creates each comparison venv."""
+    lines = [f"  {kind}: {venv_command(kind)}" for kind in kinds]
+    return "\n".join(
+        ["Comparison venvs, each created by one command run from the repository root (git ignores them):"] + lines
+    )
+
+
+def default_venv_python(kind: str, repo: str = REPO) -> str:
+    folder = os.path.join(repo, *VENVS[kind][0].split("/"))
+    if os.name == "nt":
+        return os.path.join(folder, "Scripts", "python.exe")
+    return os.path.join(folder, "bin", "python")
+
+
+def venv_python(kind: str, given: str | None, repo: str = REPO) -> str:
+    """Absolute path of the python that runs `kind` (rllib, cleanrl): `given` (a --*-python flag, relative to the
+    working directory) or the default venv in the repository. Raises BenchError, one line, when it does not exist.
+    Not resolved through symlinks: a venv's python is a link to the base interpreter."""
+    if given:
+        path = os.path.abspath(os.path.expanduser(given))
+        if not os.path.isfile(path):
+            raise BenchError(f"{kind}: --{kind}-python {given} does not exist")
+        return path
+    path = default_venv_python(kind, repo)
+    if not os.path.isfile(path):
+        raise BenchError(
+            f"{kind} needs its venv, {VENVS[kind][0]}, which does not exist; create it from the repository root with: "
+            f"{venv_command(kind)}  (or pass --{kind}-python)"
+        )
+    return path
+
+
+def add_output_args(p: argparse.ArgumentParser, files: str) -> None:
+    """--out-dir and --update-committed, the same in throughput.py, scaling.py and learning.py."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--out-dir",
+        default=None,
+        help=f"folder for {files} (default: a new benchmarks/results/local/<UTC date-time>/, which git ignores)",
+    )
+    group.add_argument(
+        "--update-committed",
+        action="store_true",
+        help=f"write {files} into benchmarks/results/, replacing the committed ones that the README quotes",
+    )
+
+
+def resolve_out_dir(args: argparse.Namespace, now: dt.datetime | None = None) -> str:
+    """Absolute output folder: benchmarks/results with --update-committed, --out-dir (relative to the working
+    directory) when given, else a new benchmarks/results/local/<UTC date-time> folder (git ignores it)."""
+    if getattr(args, "update_committed", False):
+        return RESULTS_DIR
+    if args.out_dir:
+        return os.path.abspath(args.out_dir)
+    stamp = (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%dT%H%M%SZ")
+    return os.path.join(LOCAL_RESULTS_DIR, stamp)
+
+
+def display_path(path: str) -> str:
+    """A path as it may appear in a results file: relative to the repository when inside it, else with its folder
+    elided, so that no absolute path of the machine that ran the benchmark gets committed."""
+    if not os.path.isabs(path):
+        return path
+    if os.path.commonpath([REPO, os.path.abspath(path)]) == REPO:
+        return os.path.relpath(path, REPO)
+    return os.path.join("...", os.path.basename(path))
+
+
+def display_command(argv: list[str]) -> str:
+    """`python SCRIPT ARGS...` for a results file, through display_path (also in --flag=PATH arguments)."""
+    shown = []
+    for arg in argv:
+        if arg.startswith("--") and "=" in arg:
+            flag, value = arg.split("=", 1)
+            shown.append(f"{flag}={display_path(value)}")
+        else:
+            shown.append(display_path(arg))
+    return shlex.join(["python", *shown])
+
+
+def relative_to_cwd(path: str) -> str:
+    """For messages on the terminal: the shorter of the path relative to the working directory and the absolute."""
+    rel = os.path.relpath(path)
+    return rel if len(rel) < len(path) else path
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -98,12 +225,15 @@ SB3_FLAGS = ["--num-envs=1", "--vf-coef=0.25", "--clip-vloss"]
 # ---------------------------------------------------------------------------------------------------------------------
 # Implementations
 # ---------------------------------------------------------------------------------------------------------------------
-def timed_subprocess(name: str, argv: list[str], cwd: str, python: str = sys.executable) -> tuple[str, float]:
-    """Run `python argv` in cwd with the repo on PYTHONPATH; (stdout, wall seconds). A failure raises BenchError with
-    the last line it printed (scaling.py and learning.py use this too)."""
+def timed_subprocess(
+    name: str, argv: list[str], cwd: str, python: str = sys.executable, extra_env: dict[str, str] | None = None
+) -> tuple[str, float]:
+    """Run `python argv` in cwd with the repo on PYTHONPATH (and `extra_env` set); (stdout, wall seconds). A failure
+    raises BenchError with the last line it printed (scaling.py and learning.py use this too)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("MPLBACKEND", "Agg")
+    env.update(extra_env or {})
     cmd = [python, *argv]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
@@ -210,10 +340,8 @@ def run_dppo_async(env_id: str, seed: int, cfg) -> Result:
 
 
 def run_rllib(env_id: str, seed: int, cfg) -> Result:
-    """RLlib PPO (benchmarks/rllib_ppo.py) in its own venv (--rllib-python), with --num-actors env runners and the
-    same batch, minibatch size and epochs."""
-    if not cfg.rllib_python:
-        raise BenchError("rllib needs --rllib-python, the python of a venv with benchmarks/requirements-rllib.txt")
+    """RLlib PPO (benchmarks/rllib_ppo.py) in its own venv (--rllib-python, checked by `check_impl_inputs`), with
+    --num-actors env runners and the same batch, minibatch size and epochs."""
     argv = [os.path.join(REPO, "benchmarks", "rllib_ppo.py"), f"--env-id={env_id}", f"--seed={seed}"]
     argv += [f"--total-timesteps={cfg.total_timesteps}", f"--num-env-runners={cfg.num_actors}"]
     argv += [f"--train-batch-size={cfg.num_steps}", f"--minibatch-size={cfg.num_steps // cfg.num_minibatches}"]
@@ -222,6 +350,38 @@ def run_rllib(env_id: str, seed: int, cfg) -> Result:
         stdout, seconds = timed_subprocess("rllib", argv, cwd, python=cfg.rllib_python)
     out = json_result("rllib", stdout)
     return Result(steps=int(out["total_timesteps"]), whole_seconds=seconds, inloop_sps=float(out["sps"]))
+
+
+# CleanRL's ppo_continuous_action.py takes the common flags except --torch-threads (OMP_NUM_THREADS=1 instead, as in
+# CleanRL's benchmark), with its defaults written out; its loss has ppo_continuous.py's 0.5 * MSE * vf_coef scale.
+CLEANRL_FLAGS = ["--num-envs=1", "--vf-coef=0.5", "--clip-vloss", "--norm-adv", "--no-cuda", "--no-track"]
+
+
+def cleanrl_env_id(env_id: str) -> str:
+    """CleanRL's pinned gymnasium 0.29.1 has the v4 MuJoCo envs, not v5: HalfCheetah-v5 runs as HalfCheetah-v4."""
+    return env_id.removesuffix("-v5") + "-v4" if env_id.endswith("-v5") else env_id
+
+
+def parse_cleanrl_stdout(stdout: str, num_steps: int) -> tuple[int, float]:
+    """(env steps, in-loop steps/s) from CleanRL's stdout: one `SPS: N` line per iteration of num_steps steps (1 env),
+    N = global_step / time since its first env reset; the last one is the rate of the whole training loop."""
+    rates = [line.split(":", 1)[1].strip() for line in stdout.splitlines() if line.startswith("SPS:")]
+    if not rates:
+        raise BenchError(f"cleanrl printed no 'SPS:' line; last output: {stdout.strip()[-200:]!r}")
+    return len(rates) * num_steps, float(rates[-1])
+
+
+def run_cleanrl(env_id: str, seed: int, cfg) -> Result:
+    """CleanRL's own ppo_continuous_action.py (--cleanrl-script) in its own venv (--cleanrl-python)."""
+    env_run = cleanrl_env_id(env_id)
+    flags = [f for f in common_flags(env_run, seed, cfg) if not f.startswith("--torch-threads=")]
+    argv = [cfg.cleanrl_script, *flags, *CLEANRL_FLAGS]
+    with tempfile.TemporaryDirectory(prefix="tp_cleanrl_") as cwd:  # it writes runs/<run_name>/ into its cwd
+        stdout, seconds = timed_subprocess(
+            "cleanrl", argv, cwd, python=cfg.cleanrl_python, extra_env={"OMP_NUM_THREADS": "1"}
+        )
+    steps, sps = parse_cleanrl_stdout(stdout, cfg.num_steps)
+    return Result(steps=steps, whole_seconds=seconds, inloop_sps=sps, env_run=None if env_run == env_id else env_run)
 
 
 # name -> function(env_id, seed, cfg) -> Result. Runs in this order within each repeat. To add one, write such a
@@ -233,10 +393,60 @@ IMPLS: dict[str, Callable[[str, int, argparse.Namespace], Result]] = {
     "dppo_sync": run_dppo_sync,
     "dppo_async": run_dppo_async,
     "rllib": run_rllib,
+    "cleanrl": run_cleanrl,
 }
 DEFAULT_IMPLS = ["raw", "ppo", "sb3", "dppo_sync", "dppo_async"]
-COLORS = {"raw": "#888888", "ppo": "#1f77b4", "sb3": "#ff7f0e", "dppo_sync": "#2ca02c", "dppo_async": "#d62728"}
-SPARE_COLORS = ["#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]  # impls not in COLORS
+COLORS = {
+    "raw": "#888888",
+    "ppo": "#1f77b4",
+    "sb3": "#ff7f0e",
+    "dppo_sync": "#2ca02c",
+    "dppo_async": "#d62728",
+    "rllib": "#9467bd",
+    "cleanrl": "#8c564b",
+}
+SPARE_COLORS = ["#e377c2", "#17becf", "#bcbd22", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]  # impls not in COLORS
+# How each implementation's in-loop rate is measured, for the notes under the table.
+INLOOP_NOTES = {
+    "raw": "raw = the bare `env.step` loop in this process, the ceiling for any learner with one env",
+    "ppo": "ppo_continuous.py `env_steps / wall_time_seconds` from summary.json",
+    "sb3": "sb3_ppo.py `sps` (time of `model.learn`)",
+    "dppo_sync": "dppo_ray.py `env_steps / wall_time_seconds` from summary.json",
+    "dppo_async": "dppo_ray.py `env_steps / wall_time_seconds` from summary.json",
+    "rllib": "rllib_ppo.py `sps` (its sampling-and-training loop)",
+    "cleanrl": "CleanRL's last `SPS:` line (global_step / time since its first env reset)",
+}
+
+
+def check_impl_inputs(cfg: argparse.Namespace) -> None:
+    """Before anything runs: the venvs and files the chosen implementations need. Raises BenchError (one line)."""
+    if "rllib" in cfg.impls:
+        cfg.rllib_python = venv_python("rllib", cfg.rllib_python)
+    if "cleanrl" in cfg.impls:
+        if not cfg.cleanrl_script:
+            raise BenchError(
+                "cleanrl needs --cleanrl-script PATH, your copy of CleanRL's cleanrl/ppo_continuous_action.py "
+                "(github.com/vwxyzjn/cleanrl; this repository does not ship it)"
+            )
+        if not os.path.isfile(cfg.cleanrl_script):
+            raise BenchError(f"cleanrl: --cleanrl-script {cfg.cleanrl_script} does not exist")
+        cfg.cleanrl_script = os.path.abspath(cfg.cleanrl_script)
+        cfg.cleanrl_python = venv_python("cleanrl", cfg.cleanrl_python)
+
+
+def venv_versions(python: str, packages: list[str]) -> str:
+    """'pkg x.y, ...' as installed in another venv (for the results header); 'unknown' if that cannot be asked."""
+    code = (
+        "import importlib.metadata as m, sys\n"
+        "for p in sys.argv[1:]:\n"
+        "    try: print(p, m.version(p))\n"
+        "    except m.PackageNotFoundError: print(p, 'not installed')"
+    )
+    try:
+        out = subprocess.run([python, "-c", code, *packages], capture_output=True, text=True, timeout=60, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return ", ".join(out.stdout.splitlines())
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -258,7 +468,7 @@ def machine_header(argv: list[str]) -> tuple[list[str], str]:
     except AttributeError:
         cores = os.cpu_count()
     if torch.cuda.is_available():
-        gpu = f"GPU: {torch.cuda.get_device_name(0)} (not used: both learners run on the CPU)"
+        gpu = f"GPU: {torch.cuda.get_device_name(0)} (not used: every learner runs on the CPU)"
     else:
         gpu = "no GPU"
 
@@ -279,7 +489,7 @@ def machine_header(argv: list[str]) -> tuple[list[str], str]:
     lines = [
         "# Throughput: env steps/s",
         "",
-        f"- Command: `{shlex.join(['python', *argv])}`",
+        f"- Command: `{display_command(argv)}`",
         f"- Date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M:%S UTC')}",
         f"- Machine: {cores} cores (nproc), {cpu}, {gpu}; load average at start {load} (1/5/15 min)",
         f"- Versions: Python {platform.python_version()}, torch {torch.__version__}, "
@@ -392,21 +602,55 @@ def plot(rows: list[dict], envs: list[str], impls: list[str], path: str, title: 
 # Main
 # ---------------------------------------------------------------------------------------------------------------------
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description=__doc__,
+        formatter_class=HelpFormatter,
+        epilog=venvs_epilog(list(VENVS)) + "\nsb3 runs in the main venv (pip install -r benchmarks/requirements.txt).",
+    )
     p.add_argument("--envs", nargs="+", default=None, help=f"env ids (default: {' '.join(DEFAULTS['envs'])})")
     p.add_argument("--total-timesteps", type=int, default=None, help="per learner run (default: 100000)")
     p.add_argument("--repeats", "--seeds", dest="repeats", type=int, default=None, help="seeds 1..N (default: 1)")
-    p.add_argument("--num-steps", type=int, default=None, help="rollout length, both learners (default: 2048)")
-    p.add_argument("--num-minibatches", type=int, default=None, help="both learners (default: 32)")
+    p.add_argument("--num-steps", type=int, default=None, help="rollout length, all learners (default: 2048)")
+    p.add_argument("--num-minibatches", type=int, default=None, help="all learners (default: 32)")
     p.add_argument(
         "--num-actors",
         type=int,
         default=2,
-        help="dppo_ray.py actors (each samples num_steps / actors), and RLlib env runners",
+        help="dppo_ray.py actors (each samples num_steps / actors), and RLlib env runners (default: 2)",
     )
-    p.add_argument("--rllib-python", default=None, help="python of the RLlib venv (benchmarks/requirements-rllib.txt)")
-    p.add_argument("--impls", nargs="+", default=DEFAULT_IMPLS, choices=list(IMPLS), help="in run order")
-    p.add_argument("--out-dir", default=os.path.join("benchmarks", "results"))
+    p.add_argument(
+        "--rllib-python",
+        default=None,
+        metavar="PYTHON",
+        help="python of the RLlib venv (default: benchmarks/.venv-rllib/bin/python in this repository)",
+    )
+    p.add_argument(
+        "--cleanrl-script",
+        default=None,
+        metavar="PATH",
+        help="your copy of CleanRL's cleanrl/ppo_continuous_action.py (needed by --impls cleanrl; not in this repo)",
+    )
+    p.add_argument(
+        "--cleanrl-python",
+        default=None,
+        metavar="PYTHON",
+        help="python of the CleanRL venv (default: benchmarks/.venv-cleanrl/bin/python in this repository)",
+    )
+    p.add_argument(
+        "--impls",
+        nargs="+",
+        default=DEFAULT_IMPLS,
+        choices=list(IMPLS),
+        help=f"in run order (default: {' '.join(DEFAULT_IMPLS)})",
+    )
+    add_output_args(p, "<name>.md and <name>.png")
+    p.add_argument(
+        "--name",
+        default="throughput",
+        help="file name of the table and plot, without extension (default: throughput; the README's DPPO table is "
+        "throughput_dppo)",
+    )
     p.add_argument(
         "--quick",
         action="store_true",
@@ -423,14 +667,29 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--total-timesteps {args.total_timesteps} is less than one rollout (--num-steps {args.num_steps})")
     if args.num_steps % args.num_minibatches:
         p.error(f"--num-minibatches {args.num_minibatches} does not divide --num-steps {args.num_steps}")
+    if not args.name or os.sep in args.name or "/" in args.name:
+        p.error(f"--name {args.name!r} must be a plain file name")
     args.impls = list(dict.fromkeys(args.impls))
+    args.out_dir = resolve_out_dir(args)
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     cfg = parse_args(argv)
-    header, machine = machine_header([os.path.relpath(os.path.abspath(sys.argv[0])), *argv])
+    try:
+        check_impl_inputs(cfg)
+    except BenchError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    header, machine = machine_header([os.path.abspath(__file__), *argv])
+    for kind, packages in (
+        ("rllib", ["ray", "torch", "gymnasium", "mujoco", "numpy"]),
+        ("cleanrl", ["torch", "gymnasium", "mujoco", "numpy", "tyro"]),
+    ):
+        if kind in cfg.impls:
+            python = getattr(cfg, f"{kind}_python")
+            header.append(f"- {kind} venv ({display_path(python)}): {venv_versions(python, packages)}")
     t0 = time.perf_counter()
     results: dict[tuple[str, str], list[Result]] = {(e, i): [] for e in cfg.envs for i in cfg.impls}
     runs = []
@@ -462,8 +721,8 @@ def main(argv: list[str] | None = None) -> int:
     details.append("|---|---|--:|--:|--:|--:|--:|")
     for env_id, impl, seed, r in runs:
         details.append(
-            f"| {env_id} | {impl} | {seed} | {r.steps} | {fmt(r.whole_seconds, '.1f')} | {fmt(r.whole_sps)} "
-            f"| {fmt(r.inloop_sps)} |"
+            f"| {r.env_run or env_id} | {impl} | {seed} | {r.steps} | {fmt(r.whole_seconds, '.1f')} "
+            f"| {fmt(r.whole_sps)} | {fmt(r.inloop_sps)} |"
         )
     md = [
         *header,
@@ -474,9 +733,14 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "Whole-process = env steps actually run / wall time of the whole subprocess (start-up, imports, env creation, "
         "training, saving), run in a fresh temporary directory. In-loop = the implementation's own rate: "
-        "ppo_continuous.py `env_steps / wall_time_seconds` from summary.json, sb3_ppo.py `sps` (time of "
-        "`model.learn`), raw = the bare `env.step` loop in this process, the ceiling for any learner with one env. "
-        "Ratio to SB3 compares whole-process rates on the same env.",
+        + "; ".join(INLOOP_NOTES[impl] for impl in cfg.impls)
+        + ". Ratio to SB3 compares whole-process rates on the same env."
+        + (
+            " cleanrl ran CleanRL's own script in its own venv with OMP_NUM_THREADS=1, on the -v4 version of each -v5 "
+            "env (see Every run)."
+            if "cleanrl" in cfg.impls
+            else ""
+        ),
         "",
         "## Every run",
         "",
@@ -484,13 +748,13 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ]
     os.makedirs(cfg.out_dir, exist_ok=True)
-    md_path = os.path.join(cfg.out_dir, "throughput.md")
+    md_path = os.path.join(cfg.out_dir, f"{cfg.name}.md")
     with open(md_path, "w") as f:
         f.write("\n".join(md))
-    png_path = os.path.join(cfg.out_dir, "throughput.png")
+    png_path = os.path.join(cfg.out_dir, f"{cfg.name}.png")
     plot(rows, cfg.envs, cfg.impls, png_path, f"{cfg.total_timesteps} steps, median of {cfg.repeats}; {machine}")
     print("\n".join(table))
-    print(f"wrote {md_path} and {png_path} ({elapsed:.0f} s)", file=sys.stderr)
+    print(f"wrote {relative_to_cwd(md_path)} and {cfg.name}.png ({elapsed:.0f} s)", file=sys.stderr)
     return 0
 
 

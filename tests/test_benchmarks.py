@@ -1,10 +1,14 @@
-"""Smoke tests of the benchmark scripts' --quick modes: each must finish and write its table and plot."""
+"""Tests of the benchmark scripts: --quick modes write their table and plot, output folders, the comparison venvs'
+one-line errors, the CleanRL plumbing (with a stand-in script: neither comparison venv is needed), --help."""
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -53,3 +57,225 @@ def test_quick_mode_writes_table_and_plot(tmp_path, script, name, rows):
     png = (tmp_path / f"{name}.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 5000
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{name}.md", f"{name}.png"], "nothing else left behind"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Output folders: a new git-ignored folder by default, benchmarks/results only when asked
+# ---------------------------------------------------------------------------------------------------------------------
+def parsers():
+    import learning
+    import scaling
+    import throughput
+
+    return {
+        "throughput.py": throughput.parse_args,
+        "scaling.py": scaling.parse_args,
+        "learning.py": learning.parse_args,
+    }
+
+
+def git_ignores(path: Path) -> bool:
+    rel = os.path.relpath(path, REPO)
+    return subprocess.run(["git", "check-ignore", "-q", "--no-index", rel], cwd=REPO).returncode == 0
+
+
+@pytest.mark.parametrize("script", ["throughput.py", "scaling.py", "learning.py"])
+def test_default_out_dir_is_a_new_ignored_folder_not_the_committed_results(script, tmp_path, monkeypatch):
+    import throughput
+
+    monkeypatch.chdir(tmp_path)  # the default does not depend on the working directory
+    out_dir = Path(parsers()[script]([]).out_dir)
+    assert out_dir.is_absolute()
+    assert out_dir.parent == Path(throughput.LOCAL_RESULTS_DIR)
+    assert out_dir != Path(throughput.RESULTS_DIR) and Path(throughput.RESULTS_DIR) in out_dir.parents
+    assert git_ignores(out_dir / f"{script.removesuffix('.py')}.md")
+    assert not git_ignores(REPO / "benchmarks" / "results" / "throughput.md"), "the committed results stay tracked"
+
+
+@pytest.mark.parametrize("script", ["throughput.py", "scaling.py", "learning.py"])
+def test_update_committed_and_out_dir(script, tmp_path, monkeypatch):
+    import throughput
+
+    parse = parsers()[script]
+    assert parse(["--update-committed"]).out_dir == throughput.RESULTS_DIR
+    monkeypatch.chdir(tmp_path)
+    assert parse(["--out-dir", "here"]).out_dir == str(tmp_path / "here")  # relative to the working directory
+    with pytest.raises(SystemExit):
+        parse(["--out-dir", "here", "--update-committed"])
+
+
+def test_default_out_dir_names_sort_by_time():
+    import datetime as dt
+
+    import throughput
+
+    args = argparse.Namespace(out_dir=None, update_committed=False)
+    early = throughput.resolve_out_dir(args, now=dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC))
+    late = throughput.resolve_out_dir(args, now=dt.datetime(2026, 11, 2, 3, 4, 5, tzinfo=dt.UTC))
+    assert os.path.basename(early) == "2026-01-02T030405Z" and early < late
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Comparison venvs: found in the repository by default, one clear line when missing
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["rllib", "cleanrl"])
+def test_missing_default_venv_is_one_line_naming_the_command(kind, tmp_path):
+    import throughput
+
+    assert throughput.default_venv_python(kind) == str(REPO / "benchmarks" / f".venv-{kind}" / "bin" / "python")
+    with pytest.raises(throughput.BenchError) as e:
+        throughput.venv_python(kind, None, repo=str(tmp_path))  # a checkout without the venv
+    message = str(e.value)
+    assert "\n" not in message
+    command = throughput.venv_command(kind)
+    assert command in message
+    assert command == (
+        f"python3 -m venv benchmarks/.venv-{kind} && benchmarks/.venv-{kind}/bin/pip install "
+        f"-r benchmarks/requirements-{kind}.txt"
+    )
+    assert (REPO / "benchmarks" / f"requirements-{kind}.txt").is_file()
+    assert git_ignores(REPO / "benchmarks" / f".venv-{kind}" / "bin" / "python")
+
+
+def test_venv_python_found_by_location_not_working_directory(tmp_path, monkeypatch):
+    import throughput
+
+    python = tmp_path / "benchmarks" / ".venv-rllib" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("")
+    monkeypatch.chdir(tmp_path.parent)
+    assert throughput.venv_python("rllib", None, repo=str(tmp_path)) == str(python)
+    monkeypatch.chdir(tmp_path)
+    assert throughput.venv_python("rllib", "benchmarks/.venv-rllib/bin/python") == str(python)  # a flag: cwd-relative
+
+
+def run_script(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO), MPLBACKEND="Agg")
+    argv = [sys.executable, str(REPO / "benchmarks" / script), *args]
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    "script, args, expected",
+    [
+        ("throughput.py", ["--impls", "ppo", "rllib", "--rllib-python", "no/such/python"], "--rllib-python"),
+        ("throughput.py", ["--impls", "cleanrl"], "--cleanrl-script PATH"),
+        ("throughput.py", ["--impls", "cleanrl", "--cleanrl-script", "no_such.py"], "no_such.py does not exist"),
+        (
+            "throughput.py",
+            ["--impls", "cleanrl", "--cleanrl-script", __file__, "--cleanrl-python", "no/such/python"],
+            "--cleanrl-python",
+        ),
+        ("scaling.py", ["--rllib-python", "no/such/python"], "--rllib-python"),
+    ],
+)
+def test_missing_venv_or_script_fails_at_once_with_one_line(script, args, expected, tmp_path):
+    result = run_script(script, *args, "--out-dir", str(tmp_path / "out"), cwd=tmp_path)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{script}: error:") and expected in lines[0], result.stderr
+    assert not (tmp_path / "out").exists(), "nothing ran, nothing written"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# cleanrl: the command line, environment and parsing, with a stand-in for CleanRL's script
+# ---------------------------------------------------------------------------------------------------------------------
+FAKE_CLEANRL = textwrap.dedent(
+    """
+    import argparse, os
+    p = argparse.ArgumentParser()
+    for flag in ("--env-id", "--seed", "--total-timesteps", "--num-steps", "--num-minibatches", "--update-epochs",
+                 "--learning-rate", "--gamma", "--gae-lambda", "--clip-coef", "--ent-coef", "--max-grad-norm",
+                 "--num-envs", "--vf-coef"):
+        p.add_argument(flag)
+    for flag in ("--anneal-lr", "--clip-vloss", "--norm-adv", "--no-cuda", "--no-track"):
+        p.add_argument(flag, action="store_true")
+    args = p.parse_args()  # an unknown flag (--torch-threads, say) fails, as in CleanRL's tyro CLI
+    assert os.environ["OMP_NUM_THREADS"] == "1" and args.no_cuda and args.num_envs == "1"
+    os.makedirs("runs/x")  # CleanRL writes into its working directory: a temporary one
+    for i in range(int(args.total_timesteps) // int(args.num_steps)):
+        print(f"global_step={i}, episodic_return=[-1.0]")
+        print(f"SPS: {1000 + 100 * i}")
+    print("env", args.env_id, "seed", args.seed)
+    """
+)
+
+
+def test_cleanrl_runs_the_given_script_on_v4_with_one_thread(tmp_path):
+    import throughput
+
+    script = tmp_path / "ppo_continuous_action.py"
+    script.write_text(FAKE_CLEANRL)
+    cfg = argparse.Namespace(
+        total_timesteps=5000,
+        num_steps=1024,
+        num_minibatches=16,
+        cleanrl_script=str(script),
+        cleanrl_python=sys.executable,
+    )
+    result = throughput.run_cleanrl("HalfCheetah-v5", 3, cfg)
+    assert result.steps == 4 * 1024  # 4 iterations of 1024 steps, like CleanRL's total_timesteps // batch_size
+    assert result.inloop_sps == 1300.0  # the last SPS line: the rate of the whole loop
+    assert result.whole_seconds > 0 and result.env_run == "HalfCheetah-v4"
+    assert throughput.cleanrl_env_id("Pendulum-v1") == "Pendulum-v1"
+    with pytest.raises(throughput.BenchError, match="no 'SPS:' line"):
+        throughput.parse_cleanrl_stdout("global_step=1\n", 1024)
+
+
+def test_recorded_command_has_no_machine_paths():
+    import throughput
+
+    argv = [str(REPO / "benchmarks" / "throughput.py"), "--out-dir", str(REPO / "benchmarks" / "results" / "x")]
+    argv += ["--cleanrl-script=/some/where/ppo_continuous_action.py", "--envs", "HalfCheetah-v5"]
+    assert throughput.display_command(argv) == (
+        "python benchmarks/throughput.py --out-dir benchmarks/results/x "
+        "--cleanrl-script=.../ppo_continuous_action.py --envs HalfCheetah-v5"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# --help, and no absolute path of a particular machine in what the repository ships
+# ---------------------------------------------------------------------------------------------------------------------
+MACHINE_PATH = re.compile(r"(?<![\w.])/(work|root|tmp|home)/")
+
+
+@pytest.mark.parametrize("script", ["throughput.py", "scaling.py", "learning.py", "sb3_ppo.py", "rllib_ppo.py"])
+def test_help_exits_0_and_names_only_files_that_exist(script, tmp_path):
+    result = run_script(script, "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = result.stdout
+    assert "usage:" in text and not MACHINE_PATH.search(text)
+    mentioned = set(re.findall(r"(?<![\w/.])benchmarks/[\w./-]*\w", text)) | set(re.findall(r"\bREADME\.md\b", text))
+    for path in mentioned:
+        if path.startswith(("benchmarks/.venv-", "benchmarks/results/local")):
+            continue  # created by the user (the venv command) or by the scripts themselves
+        assert (REPO / path).exists(), f"{script} --help names {path}, which does not exist"
+    assert list(tmp_path.iterdir()) == [], "--help wrote nothing"
+
+
+def test_no_machine_paths_in_benchmarks_or_readme():
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "benchmarks", "README.md", ".gitignore"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert "README.md" in files and "benchmarks/throughput.py" in files
+    for name in files:
+        path = REPO / name
+        if not path.is_file() or path.suffix == ".png":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            assert not MACHINE_PATH.search(line), f"{name}:{number}: {line}"
+
+
+def test_cleanrl_script_is_not_in_the_repository():
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert not [f for f in files if os.path.basename(f) == "ppo_continuous_action.py"]
