@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import socket
 import sys
@@ -84,17 +85,18 @@ class Args(ppo.Args):
     extreme ratios (1.0 would be V-trace's rho-bar, which also shrinks every step taken on stale data)"""
     ray_address: str | None = None
     """Ray cluster to join (`auto` for the one `ray start` set up on this node); default: start a local Ray"""
-    actor_cpus: float = 1.0
-    """CPUs reserved for each rollout actor (fractions allowed)"""
+    actor_cpus: float | None = None
+    """CPUs reserved for each rollout actor (fractions allowed); default: 1, or the free CPUs shared evenly when one
+    each does not fit (an actor waiting on a slow env needs far less than a core)"""
     object_store_memory: int | None = None
     """bytes for the object store of a local Ray (default: Ray's choice)"""
-    no_ray: bool = False
+    no_ray: tyro.conf.FlagCreatePairsOff[bool] = False
     """run the actors in this process, one after the other, so that a plain debugger can step through everything"""
 
 
 def validate_args(args: Args) -> None:
     for name in ["num_actors", "num_envs_per_actor", "sync_every", "actor_cpus", "max_is_weight"]:
-        if not getattr(args, name) > 0:
+        if getattr(args, name) is not None and not getattr(args, name) > 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.max_policy_lag < 0:
         raise UsageError("--max-policy-lag must be >= 0")
@@ -281,8 +283,14 @@ def init_ray(args: Args):
         raise UsageError(f"cannot reach Ray at --ray-address {args.ray_address}: {str(e).splitlines()[0]}") from None
     # Actors that do not fit would wait for CPUs forever: refuse at once, counting only what is free now.
     total_cpus, free_cpus = ray.cluster_resources().get("CPU", 0), ray.available_resources().get("CPU", 0)
+    if args.actor_cpus is None:
+        args.actor_cpus = 1.0 if args.num_actors <= free_cpus else math.floor(100 * free_cpus / args.num_actors) / 100
+        if args.actor_cpus < 1:
+            print(
+                f"{PROG}: {args.num_actors} actors share {free_cpus:g} free CPUs: --actor-cpus {args.actor_cpus:g} each"
+            )
     needed = args.num_actors * args.actor_cpus
-    if needed > free_cpus:
+    if needed > free_cpus or args.actor_cpus <= 0:
         ray.shutdown()
         raise UsageError(
             f"--num-actors {args.num_actors} x --actor-cpus {args.actor_cpus} needs {needed:g} CPUs; the cluster has "
@@ -356,6 +364,7 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple[int, int, bool], run
                 monitor.episodes(rollout, global_step)
                 ppo.update_statistics(rollout, obs_rms, return_rms, args)
             lags = [version - int(r["policy_version"]) for r in rollouts]
+            actor_speed = float(np.mean([r["rewards"].size / float(r["sample_seconds"]) for r in rollouts]))
             actor_nodes.update(str(r["node_id"]) for r in rollouts)
             decoupled = args.stale_correction == "decoupled"
             batch = ppo.prepare_batch(agent, ppo.stack_rollouts(rollouts), return_rms, args, decoupled)
@@ -372,7 +381,7 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple[int, int, bool], run
                 f"charts/{k}": monitor.counters[k] for k in ("dropped_rollouts", "actor_restarts", "lost_rollouts")
             }
             extra |= {"perf/learner_update_seconds": update_seconds, "perf/learner_wait_seconds": wait_seconds}
-            extra |= {"perf/weight_sync_seconds": sync_seconds}
+            extra |= {"perf/weight_sync_seconds": sync_seconds, "perf/actor_env_steps_per_second": actor_speed}
             updated = monitor.update(stats, problem, batch, global_step, version, extra)
             if updated and args.checkpoint_every and version % args.checkpoint_every == 0:
                 save_checkpoint()

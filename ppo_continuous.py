@@ -47,6 +47,7 @@ from run_utils import (
     load_checkpoint,
     quiet_mujoco_log,
     resume_checkpoint,
+    resumed_args,
     run_folder,
     save_atomic,
     seed_everything,
@@ -127,10 +128,14 @@ class Args:
     """scale rewards by the running std of the discounted return (then clip to +-reward-clip)"""
     reward_clip: float = 10.0
     """clip of the scaled rewards"""
+    overwrite: bool = False
+    """start afresh in an existing --run-name folder, deleting what it holds (without it, such a folder is refused)"""
     checkpoint_every: int = 25
     """save runs/<run-name>/checkpoint.pt every this many iterations (0: only at the end and on Ctrl-C)"""
     resume: str | None = None
-    """path of a checkpoint.pt to continue from: the step count, optimizer, statistics and curves carry on"""
+    """path of a checkpoint.pt to continue from: the step count, optimizer, statistics and curves carry on, and the
+    flags that define the run come from it (raise --total-timesteps to extend it; the schedules then span the new
+    total)"""
     eval_checkpoint: str | None = None
     """path of a checkpoint or saved model of either script: evaluate it with the mean (or most likely) action for
     --eval-episodes, without training"""
@@ -687,9 +692,16 @@ def cli(args_type: type, validate, train) -> int:
     args = tyro.cli(args_type)
     sys.path.insert(0, os.getcwd())  # `--env-id module:EnvId` finds the module in the working directory, as python -m
     try:
+        if args.resume and not args.eval_checkpoint:  # both together are refused by validate()
+            args = resumed_args(args_type, args)
         validate(args)
         if args.eval_checkpoint:
             run_eval_checkpoint(args)
+            return 0
+        done = int(load_checkpoint(args.resume).get("iteration", 0)) if args.resume else 0
+        if done and done >= args.num_iterations:  # a finished run: say so and leave its files as they are
+            print(f"{PROG}: {args.resume} has run {done} of {args.num_iterations} iterations: nothing to do "
+                  "(raise --total-timesteps to extend it)")  # fmt: skip
             return 0
         return train(args)
     except UsageError as e:

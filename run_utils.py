@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import random
+import shutil
 import signal
 import sys
 import time
@@ -73,14 +74,46 @@ def quiet_mujoco_log() -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 # A run: resume, seeding, folder and writer, Ctrl-C/SIGTERM, logging, summary
 # ---------------------------------------------------------------------------------------------------------------------
+# Flags a resumed run may change: how long it runs, where and how it logs and saves, how it uses the machine. All
+# others define the run and come from the checkpoint. Those of the machine are never taken from the checkpoint: a run
+# may resume elsewhere.
+MACHINE_FLAGS = {"resume", "eval_checkpoint", "overwrite", "quiet", "track", "wandb_project_name", "wandb_entity"}
+MACHINE_FLAGS |= {
+    "capture_video",
+    "torch_threads",
+    "cuda",
+    "ray_address",
+    "actor_cpus",
+    "object_store_memory",
+    "no_ray",
+}
+RESUMABLE_FLAGS = MACHINE_FLAGS | {"total_timesteps", "run_name", "eval_episodes", "checkpoint_every", "save_model"}
+RESUMABLE_FLAGS |= {"guard_patience", "batch_size", "minibatch_size", "num_iterations", "num_envs"}
+
+
+def resumed_args(args_type: type, args):
+    """--resume: the flags that define the run default to the checkpoint's; a flag given that contradicts one of
+    them is refused, naming it."""
+    saved = load_checkpoint(args.resume)["args"]
+    names = {f.name for f in dataclasses.fields(args_type)}
+    import tyro
+
+    args = tyro.cli(args_type, default=args_type(**{k: v for k, v in saved.items() if k in names - MACHINE_FLAGS}))
+    for name in sorted(names & set(saved) - RESUMABLE_FLAGS):
+        if getattr(args, name) != saved[name]:
+            if name == "env_id":
+                raise UsageError(f"--resume {args.resume} was trained on {saved[name]}, not --env-id {args.env_id}")
+            raise UsageError(
+                f"--{name.replace('_', '-')} {getattr(args, name)} contradicts --resume {args.resume}, which was "
+                f"trained with {saved[name]} (a resumed run keeps the flags that define it)"
+            )
+    return args
+
+
 def resume_checkpoint(args) -> dict | None:
     if not args.resume:
         return None
     ckpt = load_checkpoint(args.resume)
-    if ckpt["args"].get("env_id") != args.env_id:
-        raise UsageError(
-            f"--resume {args.resume} was trained on {ckpt['args'].get('env_id')}, not --env-id {args.env_id}"
-        )
     if "optimizer" not in ckpt:
         raise UsageError(f"--resume {args.resume} is a saved model, not a training checkpoint.pt")
     args.run_name = args.run_name or ckpt["run_name"]
@@ -97,10 +130,19 @@ def seed_everything(args) -> torch.device:
 
 
 def run_folder(args) -> str:
+    """runs/<run-name>. An existing folder is never mixed with a new run: refused unless --resume or --overwrite."""
     args.run_name = (
         args.run_name or f"{args.env_id.replace(':', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     )
-    return os.path.join("runs", args.run_name)
+    run_dir = os.path.join("runs", args.run_name)
+    if os.path.exists(run_dir) and not args.resume:
+        if not args.overwrite:
+            raise UsageError(
+                f"{run_dir} already exists: continue it with --resume {os.path.join(run_dir, 'checkpoint.pt')}, "
+                "or start it afresh with --overwrite"
+            )
+        shutil.rmtree(run_dir)
+    return run_dir
 
 
 def start_run(args, run_dir: str, resumed: bool):

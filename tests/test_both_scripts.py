@@ -121,3 +121,70 @@ def test_interrupted_and_resumed_run_logs_the_same_schedules(tmp_path, script):
     for tag in ("charts/learning_rate", "charts/ent_coef"):
         assert scalars(tmp_path / "runs" / "cut", tag) == scalars(tmp_path / "runs" / "full", tag), tag
     assert json.loads((tmp_path / "runs" / "cut" / "summary.json").read_text())["env_steps"] == 15360
+
+
+def file_states(folder: Path) -> dict[str, tuple[int, int]]:
+    return {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in folder.iterdir()}
+
+
+@pytest.mark.parametrize("script", list(SHAPE))
+def test_resume_takes_the_runs_flags_from_the_checkpoint(tmp_path, script):
+    base = ["--env-id", "Pendulum-v1", "--run-name", "r", *SHAPE[script], *COMMON]
+    first = run(script, [*base, "--total-timesteps", "512"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    ckpt = str(tmp_path / "runs" / "r" / "checkpoint.pt")
+    # A flag that contradicts the checkpoint is refused, naming it; nothing is touched.
+    before = file_states(tmp_path / "runs" / "r")
+    for flag, value in [("--learning-rate", "1e-3"), ("--num-steps", "64"), ("--no-norm-obs", None)]:
+        bad = run(script, ["--resume", ckpt, "--total-timesteps", "1024", flag, *([value] if value else [])], tmp_path)
+        assert bad.returncode == 2, bad.stderr
+        lines = bad.stderr.strip().splitlines()
+        assert len(lines) == 1 and f"{flag.replace('--no-', '--')} " in lines[0] and "contradicts" in lines[0], lines
+    # A finished run with nothing left to do says so, exits 0 and leaves its files untouched.
+    done = run(script, ["--resume", ckpt, "--quiet"], tmp_path)
+    assert done.returncode == 0 and "nothing to do" in done.stdout, done.stderr
+    assert file_states(tmp_path / "runs" / "r") == before
+    # Only --resume and a larger --total-timesteps: the batch shape and the rest come from the checkpoint.
+    more = run(script, ["--resume", ckpt, "--total-timesteps", "1024", "--quiet"], tmp_path)
+    assert more.returncode == 0, more.stderr
+    summary = json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())
+    assert summary["env_steps"] == 1024 and summary["hyperparameters"]["num_steps"] == 128
+    assert summary["hyperparameters"]["num_minibatches"] == 4
+
+
+@pytest.mark.parametrize("script", list(SHAPE))
+def test_an_existing_run_folder_is_never_mixed(tmp_path, script):
+    args = ["--env-id", "Pendulum-v1", "--run-name", "same", "--total-timesteps", "256", *SHAPE[script], *COMMON]
+    assert run(script, args, tmp_path).returncode == 0
+    again = run(script, args, tmp_path)
+    assert again.returncode == 2 and "already exists" in again.stderr and "--overwrite" in again.stderr
+    fresh = run(script, [*args, "--overwrite"], tmp_path)
+    assert fresh.returncode == 0, fresh.stderr
+    assert len(list((tmp_path / "runs" / "same").glob("events.*"))) == 1, "the old run's curves must be gone"
+
+
+MYENV = """
+import gymnasium as gym
+from gymnasium.envs.classic_control.pendulum import PendulumEnv
+
+gym.register(id="MyPendulum-v0", entry_point=PendulumEnv, max_episode_steps=200)
+"""
+
+
+@pytest.mark.parametrize(
+    "script, extra", [("ppo_continuous.py", []), ("dppo_ray.py", ["--no-ray"]), ("dppo_ray.py", [])]
+)
+def test_custom_env_module_in_the_working_directory(tmp_path, script, extra):
+    """`--env-id myenv:MyPendulum-v0` from the folder that holds myenv.py, with no PYTHONPATH, as python -m would.
+    In DPPO this includes the Ray actors. Every run ends with one line on stdout, --quiet included."""
+    (tmp_path / "myenv.py").write_text(MYENV)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    args = ["--env-id", "myenv:MyPendulum-v0", "--total-timesteps", "512", "--num-steps", "256", "--quiet"]
+    args += ["--num-minibatches", "4", "--update-epochs", "1", "--run-name", "m", *extra]
+    result = subprocess.run(
+        [sys.executable, str(REPO / script), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    last = result.stdout.strip().splitlines()[-1]
+    assert f"{script}: completed at step 512; run folder runs/m; mean return of the last" in last, last
+    assert "tensorboard --logdir runs" in last

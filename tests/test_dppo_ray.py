@@ -199,7 +199,9 @@ def test_resume_in_process_mode(tmp_path):
     assert sorted({e.step for e in acc.Scalars("losses/approx_kl")}) == [512 * i for i in range(1, 9)]
 
 
-def test_ctrl_c_checkpoints_and_leaves_no_ray_processes(tmp_path):
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_or_sigterm_checkpoints_and_leaves_no_ray_processes(tmp_path, signum, status):
+    """Ctrl-C, or the SIGTERM with which SLURM, Kubernetes and spot instances preempt a job."""
     before = ray_processes()
     env = dict(os.environ, PYTHONPATH=str(REPO))
     args = [*CARTPOLE, "--total-timesteps", "10000000", "--run-name", "i", "--checkpoint-every", "0"]
@@ -211,9 +213,9 @@ def test_ctrl_c_checkpoints_and_leaves_no_ray_processes(tmp_path):
     while time.time() < deadline and not list(run_dir.glob("events.*")):
         time.sleep(0.5)
     time.sleep(5)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == status, stderr
     assert "Traceback" not in stderr
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert ckpt["global_step"] > 0 and summary(tmp_path, "i")["status"] == "interrupted"
@@ -248,6 +250,27 @@ def test_bad_input_one_line_error(tmp_path, args, message):
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("dppo_ray.py: error:") and message in lines[0], lines[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_actors_share_the_cpus_when_one_each_does_not_fit(tmp_path):
+    actors = str((os.cpu_count() or 2) + 2)
+    args = [
+        "--env-id",
+        "tests.envs:Truncating-v0",
+        "--num-actors",
+        actors,
+        "--num-steps",
+        "32",
+        "--num-minibatches",
+        "2",
+    ]
+    result = run([*args, "--update-epochs", "1", "--total-timesteps", str(32 * int(actors) * 2), "--quiet"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"{actors} actors share" in result.stdout and "--actor-cpus" in result.stdout
+    assert (
+        "--no-no-ray"
+        not in subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True).stdout
+    )
 
 
 def test_corrupt_checkpoint_refused(tmp_path):

@@ -237,14 +237,15 @@ def test_numerical_guard_skips_bad_batches_then_stops(tmp_path):
 @pytest.mark.parametrize("env_id", ["tests.envs:NanSometimes-v0", "tests.envs:NanObsSometimes-v0"])
 def test_flaky_env_trains_to_completion_dropping_bad_samples(tmp_path, env_id):
     """One NaN reward or observation every 97 steps spoils no batch: those samples are dropped, counted and
-    reported, and the run completes with finite losses and statistics."""
+    reported, and the run completes with finite losses and statistics. (A NaN observation that ends a 5-step episode
+    is a final observation, not a sample: it only stops the bootstrap.)"""
     args = ["--env-id", env_id, "--run-name", "f", "--total-timesteps", "4096", *SMALL]
     result = run(args, tmp_path)
     assert result.returncode == 0, result.stderr
     assert "warning: dropped" in result.stderr and "skipped a bad batch" not in result.stderr
     summary = json.loads((tmp_path / "runs" / "f" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["env_steps"] == 4096
-    assert summary["dropped_samples"] >= 4096 // 97 and summary["bad_batches"] == 0
+    assert summary["dropped_samples"] >= 4096 // 97 * 3 // 4 and summary["bad_batches"] == 0
     acc = scalars(tmp_path / "runs" / "f")
     assert all(np.isfinite(e.value) for e in acc.Scalars("losses/value_loss"))
     ckpt = torch.load(tmp_path / "runs" / "f" / "checkpoint.pt", weights_only=True)
@@ -263,7 +264,19 @@ def test_always_nan_env_stops_with_one_line(tmp_path):
 
 def test_health_warning_is_printed_and_logged(tmp_path):
     result = run(
-        ["--env-id", "Pendulum-v1", "--total-timesteps", "3072", "--run-name", "k", *SMALL, "--learning-rate", "0.05"],
+        [
+            "--env-id",
+            "Pendulum-v1",
+            "--total-timesteps",
+            "3072",
+            "--run-name",
+            "k",
+            *SMALL,
+            "--learning-rate",
+            "0.1",
+            "--update-epochs",
+            "4",
+        ],
         tmp_path,
     )
     assert result.returncode == 0, result.stderr
@@ -275,7 +288,12 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     args = ["--env-id", "Pendulum-v1", "--total-timesteps", "1000000", "--run-name", "i", "--checkpoint-every", "0"]
     proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), *args, *SMALL], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True
+        [sys.executable, str(SCRIPT), *args, *SMALL],
+        cwd=tmp_path,
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     run_dir = tmp_path / "runs" / "i"
     deadline = time.time() + 120
@@ -283,10 +301,10 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
         time.sleep(0.5)
     time.sleep(4)  # let a few iterations run
     proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
+    stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
-    assert "Traceback" not in stderr
-    assert "resume with --resume" in stderr.strip().splitlines()[-1]
+    assert "Traceback" not in stderr and "Ctrl-C: saving a checkpoint" in stderr
+    assert "interrupted at step" in stdout and "continue with: python ppo_continuous.py --resume" in stdout
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert ckpt["global_step"] > 0 and ckpt["global_step"] % 256 == 0
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
