@@ -339,14 +339,17 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple[int, int, bool], run
     if ckpt is None and args.norm_obs and args.obs_warmup_steps:
         for ref in [pool.call(i, "warm_up", args.obs_warmup_steps) for i in range(args.num_actors)]:
             obs_rms.update_from_moments(*pool.get(ref))
-    monitor = Monitor(args, start_run(args, run_dir, resumed=ckpt is not None), global_step, counters, act_dim)
+    writer = start_run(args, run_dir, resumed=ckpt is not None)
+    monitor = Monitor(args, writer, global_step, counters, act_dim, wall_time_before)
     interrupt = Interrupt()
     actor_nodes: set[str] = set()
 
     def save_checkpoint() -> None:
-        wall_time = wall_time_before + time.time() - monitor.start_time
-        state = ppo.training_state(agent, optimizer, obs_rms, return_rms, args, global_step, version, wall_time, {})
-        save_atomic(state | {"counters": monitor.counters}, os.path.join(run_dir, "checkpoint.pt"))
+        wall_time, counters = monitor.wall_time(), monitor.counters
+        state = ppo.training_state(
+            agent, optimizer, obs_rms, return_rms, args, global_step, version, wall_time, counters
+        )
+        save_atomic(state, os.path.join(run_dir, "checkpoint.pt"))
 
     sync_seconds, last_broadcast = pool.broadcast(ppo.policy_weights(agent, obs_rms), version), version
     if args.mode == "async":
@@ -392,7 +395,7 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple[int, int, bool], run
         status = "stopped_by_guard"
         tqdm.write(f"{PROG}: error: {e}; the last good checkpoint stays in {run_dir}", file=sys.stderr)
     interrupt.restore()
-    extra = {"wall_time_before": wall_time_before, "learner_updates": version, "actor_nodes": len(actor_nodes)}
+    extra = {"learner_updates": version, "actor_nodes": len(actor_nodes)}
     ppo.end_run(args, run_dir, monitor, status, save_checkpoint, agent, obs_rms, global_step, extra)
     return ppo.exit_status(status, interrupt)
 

@@ -602,8 +602,9 @@ class Policy:
             actions = self.actor.act(batch, rng or np.random.default_rng())[0]
         if not self.actor.discrete:
             if self.low is None:
-                space = make_env(self.env_id).action_space
-                self.low, self.high = space.low, space.high
+                env = make_env(self.env_id)
+                self.low, self.high = env.action_space.low, env.action_space.high
+                env.close()
             actions = np.clip(actions, self.low, self.high)
         return actions if obs.ndim > 1 else actions[0]
 
@@ -679,8 +680,7 @@ def end_run(args, run_dir, monitor, status, save_checkpoint, agent, obs_rms, glo
         for idx, episodic_return in enumerate(returns):
             monitor.writer.add_scalar("eval/episodic_return", episodic_return, idx)
         print(f"model saved to {model_path}; eval return {returns.mean():.2f} ± {returns.std():.2f}")
-    wall_time = extra.pop("wall_time_before", 0.0) + time.time() - monitor.start_time
-    finish_run(args, run_dir, monitor, status.replace("_hard", ""), global_step, wall_time, extra)
+    finish_run(args, run_dir, monitor, status.replace("_hard", ""), global_step, extra)
 
 
 def exit_status(status: str, interrupt: Interrupt) -> int:
@@ -728,13 +728,14 @@ def train(args: Args) -> int:
         sampler.rng.bit_generator.state = ckpt["sampler_rng"]
     elif args.norm_obs and args.obs_warmup_steps:
         obs_rms.update_from_moments(*sampler.warm_up(args.obs_warmup_steps))
-    monitor = Monitor(args, start_run(args, run_dir, resumed=ckpt is not None), global_step, counters, act_dim)
+    writer = start_run(args, run_dir, resumed=ckpt is not None)
+    monitor = Monitor(args, writer, global_step, counters, act_dim, wall_time_before)
     interrupt = Interrupt()
 
     def save_checkpoint() -> None:
-        wall_time = wall_time_before + time.time() - monitor.start_time
-        state = training_state(agent, optimizer, obs_rms, return_rms, args, global_step, iteration, wall_time, {})
-        state["counters"] = monitor.counters
+        state = training_state(
+            agent, optimizer, obs_rms, return_rms, args, global_step, iteration, monitor.wall_time(), monitor.counters
+        )
         save_atomic(state | {"sampler_rng": sampler.rng.bit_generator.state}, os.path.join(run_dir, "checkpoint.pt"))
 
     status = "completed"
@@ -760,17 +761,7 @@ def train(args: Args) -> int:
         status = "stopped_by_guard"
         tqdm.write(f"{PROG}: error: {e}; the last good checkpoint stays in {run_dir}", file=sys.stderr)
     interrupt.restore()
-    end_run(
-        args,
-        run_dir,
-        monitor,
-        status,
-        save_checkpoint,
-        agent,
-        obs_rms,
-        global_step,
-        {"wall_time_before": wall_time_before},
-    )
+    end_run(args, run_dir, monitor, status, save_checkpoint, agent, obs_rms, global_step, {})
     sampler.close()
     return exit_status(status, interrupt)
 

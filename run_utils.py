@@ -210,7 +210,7 @@ class Interrupt:
 class Monitor:
     """What a run reports: TensorBoard scalars, the progress bar, the guard's counters and health warnings."""
 
-    def __init__(self, args, writer, global_step: int, counters: dict, act_dim: int):
+    def __init__(self, args, writer, global_step: int, counters: dict, act_dim: int, wall_time_before: float = 0.0):
         self.args, self.writer, self.act_dim = args, writer, act_dim
         self.counters = counters  # shared with the caller, which may count events of its own in it
         for key in ("bad_batches", "dropped_samples"):
@@ -219,7 +219,7 @@ class Monitor:
         self.history: dict[str, list[float]] = {"entropy": [], "approx_kl": [], "explained_variance": []}
         self.last_warned: dict[str, int] = {}
         self.bad_in_a_row, self.last_stats = 0, {}
-        self.start_time, self.start_step = time.time(), global_step
+        self.start_time, self.start_step, self.wall_time_before = time.time(), global_step, wall_time_before
         total = args.num_iterations * args.batch_size
         self.progress = tqdm(
             total=total,
@@ -285,18 +285,20 @@ class Monitor:
         self.progress.set_postfix_str(f"return={recent}", refresh=False)
         return True
 
+    def wall_time(self) -> float:
+        """Seconds of training, earlier sessions of a resumed run included."""
+        return self.wall_time_before + time.time() - self.start_time
+
     def mean_return(self) -> float | None:
         return float(np.mean(self.recent_returns)) if self.recent_returns else None
 
 
-def finish_run(
-    args, run_dir: str, monitor: Monitor, status: str, global_step: int, wall_time: float, extra: dict
-) -> None:
+def finish_run(args, run_dir: str, monitor: Monitor, status: str, global_step: int, extra: dict) -> None:
     """Write summary.json and print one closing line on stdout (--quiet included): where the run went, how it ended
     and what to run next."""
     monitor.progress.close()
     summary = dict(status=status, hyperparameters=dataclasses.asdict(args), env_steps=global_step)
-    summary |= dict(wall_time_seconds=round(wall_time, 2), final_entropy=monitor.last_stats.get("entropy"))
+    summary |= dict(wall_time_seconds=round(monitor.wall_time(), 2), final_entropy=monitor.last_stats.get("entropy"))
     summary |= dict(final_explained_variance=monitor.last_stats.get("explained_variance"))
     summary |= dict(
         final_approx_kl=monitor.last_stats.get("approx_kl"), mean_return_last_episodes=monitor.mean_return()
