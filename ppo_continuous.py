@@ -423,9 +423,6 @@ class Sampler:
             policy_version=np.array(self.version), sample_seconds=np.array(time.perf_counter() - start)
         )
 
-    def rng_state(self) -> dict:
-        return self.rng.bit_generator.state
-
     def close(self) -> None:
         for env in self.envs:
             env.close()
