@@ -39,9 +39,8 @@ from tqdm import tqdm
 import ppo_continuous as ppo
 from run_utils import (
     PROG,
-    BadBatchError,
-    Interrupt,
     Monitor,
+    TrainingLoop,
     UsageError,
     quiet_mujoco_log,
     resume_checkpoint,
@@ -341,7 +340,6 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple[int, int, bool], run
             obs_rms.update_from_moments(*pool.get(ref))
     writer = start_run(args, run_dir, resumed=ckpt is not None)
     monitor = Monitor(args, writer, global_step, counters, act_dim, wall_time_before)
-    interrupt = Interrupt()
     actor_nodes: set[str] = set()
 
     def save_checkpoint() -> None:
@@ -355,9 +353,8 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple[int, int, bool], run
     if args.mode == "async":
         for i in range(args.num_actors):
             pool.submit(i)
-    status = "completed"
-    try:
-        while version < args.num_iterations and interrupt.signum is None:
+    with TrainingLoop(run_dir) as loop:
+        while version < args.num_iterations and loop.signum is None:
             ent_coef = ppo.anneal(optimizer, args, version + 1)
             wait_start = time.perf_counter()
             rollouts, dropped = pool.gather(version)
@@ -388,16 +385,9 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple[int, int, bool], run
             updated = monitor.update(stats, problem, batch, global_step, version, extra)
             if updated and args.checkpoint_every and version % args.checkpoint_every == 0:
                 save_checkpoint()
-        status = "completed" if interrupt.signum is None else "interrupted"
-    except KeyboardInterrupt:
-        status = "interrupted_hard"
-    except BadBatchError as e:
-        status = "stopped_by_guard"
-        tqdm.write(f"{PROG}: error: {e}; the last good checkpoint stays in {run_dir}", file=sys.stderr)
-    interrupt.restore()
     extra = {"learner_updates": version, "actor_nodes": len(actor_nodes)}
-    ppo.end_run(args, run_dir, monitor, status, save_checkpoint, agent, obs_rms, global_step, extra)
-    return ppo.exit_status(status, interrupt)
+    ppo.end_run(args, run_dir, monitor, loop.status, save_checkpoint, agent, obs_rms, global_step, extra)
+    return loop.exit_status()
 
 
 if __name__ == "__main__":

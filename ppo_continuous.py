@@ -24,7 +24,6 @@ import numpy as np
 import torch
 import tyro
 from torch import nn
-from tqdm import tqdm
 
 from gae import (
     DiscountedReturn,
@@ -39,9 +38,8 @@ from gae import (
 )
 from run_utils import (
     PROG,
-    BadBatchError,
-    Interrupt,
     Monitor,
+    TrainingLoop,
     UsageError,
     finish_run,
     load_checkpoint,
@@ -688,10 +686,6 @@ def end_run(args, run_dir, monitor, status, save_checkpoint, agent, obs_rms, glo
     finish_run(args, run_dir, monitor, status.replace("_hard", ""), global_step, extra)
 
 
-def exit_status(status: str, interrupt: Interrupt) -> int:
-    return {"completed": 0, "stopped_by_guard": 1}.get(status, interrupt.exit_status())
-
-
 def cli(args_type: type, validate, train) -> int:
     """Parse the flags, then train or evaluate; bad input is one line on stderr and exit status 2."""
     args = tyro.cli(args_type)
@@ -735,7 +729,6 @@ def train(args: Args) -> int:
         obs_rms.update_from_moments(*sampler.warm_up(args.obs_warmup_steps))
     writer = start_run(args, run_dir, resumed=ckpt is not None)
     monitor = Monitor(args, writer, global_step, counters, act_dim, wall_time_before)
-    interrupt = Interrupt()
 
     def save_checkpoint() -> None:
         state = training_state(
@@ -743,9 +736,8 @@ def train(args: Args) -> int:
         )
         save_atomic(state | {"sampler_rng": sampler.rng.bit_generator.state}, os.path.join(run_dir, "checkpoint.pt"))
 
-    status = "completed"
-    try:
-        while iteration < args.num_iterations and interrupt.signum is None:
+    with TrainingLoop(run_dir) as loop:
+        while iteration < args.num_iterations and loop.signum is None:
             ent_coef = anneal(optimizer, args, iteration + 1)
             sampler.set_policy(policy_weights(agent, obs_rms), iteration)
             rollout = sampler.rollout(args.num_steps)
@@ -759,16 +751,9 @@ def train(args: Args) -> int:
             updated = monitor.update(stats, problem, batch, global_step, iteration, schedules)
             if updated and args.checkpoint_every and iteration % args.checkpoint_every == 0:
                 save_checkpoint()
-        status = "completed" if interrupt.signum is None else "interrupted"
-    except KeyboardInterrupt:
-        status = "interrupted_hard"
-    except BadBatchError as e:
-        status = "stopped_by_guard"
-        tqdm.write(f"{PROG}: error: {e}; the last good checkpoint stays in {run_dir}", file=sys.stderr)
-    interrupt.restore()
-    end_run(args, run_dir, monitor, status, save_checkpoint, agent, obs_rms, global_step, {})
+    end_run(args, run_dir, monitor, loop.status, save_checkpoint, agent, obs_rms, global_step, {})
     sampler.close()
-    return exit_status(status, interrupt)
+    return loop.exit_status()
 
 
 if __name__ == "__main__":

@@ -177,14 +177,21 @@ def start_run(args, run_dir: str, resumed: bool):
     return writer
 
 
-class Interrupt:
-    """Ctrl-C (SIGINT) or a cluster's preemption (SIGTERM): finish the current iteration, save a checkpoint, exit
-    with 130 or 143. A second signal quits at once, keeping the last checkpoint written at an iteration boundary."""
+class TrainingLoop:
+    """The context the training loop runs in, and how it ended (`status`, `exit_status()`).
 
-    def __init__(self):
-        self.signum: int | None = None
+    Ctrl-C (SIGINT) or a cluster's preemption (SIGTERM) sets `signum`: the loop finishes its iteration and stops, a
+    checkpoint is saved, the exit status is 130 or 143. A second signal quits at once ("interrupted_hard": the state may
+    be mid-iteration, so the last checkpoint written at an iteration boundary is kept). The guard's BadBatchError
+    ends the run with one line ("stopped_by_guard", exit status 1)."""
+
+    def __init__(self, run_dir: str):
+        self.run_dir, self.signum, self.status = run_dir, None, "running"
+
+    def __enter__(self):
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.first)
+        return self
 
     def first(self, signum, frame):
         self.signum = signum
@@ -199,12 +206,20 @@ class Interrupt:
         self.signum = signum
         raise KeyboardInterrupt
 
-    def restore(self) -> None:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+    def __exit__(self, exc_type, exc, traceback) -> bool:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if exc_type is None:
+            self.status = "completed" if self.signum is None else "interrupted"
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self.status, self.signum = "interrupted_hard", self.signum or signal.SIGINT
+        elif issubclass(exc_type, BadBatchError):
+            self.status = "stopped_by_guard"
+            tqdm.write(f"{PROG}: error: {exc}; the last good checkpoint stays in {self.run_dir}", file=sys.stderr)
+        return exc_type is None or issubclass(exc_type, (KeyboardInterrupt, BadBatchError))
 
     def exit_status(self) -> int:
-        return 128 + (self.signum or signal.SIGINT)
+        return {"completed": 0, "stopped_by_guard": 1}.get(self.status, 128 + (self.signum or signal.SIGINT))
 
 
 class Monitor:

@@ -226,7 +226,8 @@ def test_recorded_command_has_no_machine_paths():
     import throughput
 
     argv = [str(REPO / "benchmarks" / "throughput.py"), "--out-dir", str(REPO / "benchmarks" / "results" / "x")]
-    argv += ["--cleanrl-script=/some/where/ppo_continuous_action.py", "--envs", "HalfCheetah-v5"]
+    elsewhere = os.path.join(os.sep, "some", "where", "ppo_continuous_action.py")  # an absolute path of a user's
+    argv += [f"--cleanrl-script={elsewhere}", "--envs", "HalfCheetah-v5"]
     assert throughput.display_command(argv) == (
         "python benchmarks/throughput.py --out-dir benchmarks/results/x "
         "--cleanrl-script=.../ppo_continuous_action.py --envs HalfCheetah-v5"
