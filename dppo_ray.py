@@ -94,9 +94,7 @@ class Args(ppo.Args):
 
 
 def validate_args(args: Args) -> None:
-    for name in ["num_actors", "num_envs_per_actor", "sync_every", "actor_cpus", "max_is_weight"]:
-        if getattr(args, name) is not None and not getattr(args, name) > 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    ppo.require_positive(args, ["num_actors", "num_envs_per_actor", "sync_every", "actor_cpus", "max_is_weight"])
     if args.max_policy_lag < 0:
         raise UsageError("--max-policy-lag must be >= 0")
     if args.no_ray and args.ray_address:
@@ -338,7 +336,7 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple[int, int, bool], run
     if ckpt is None and args.norm_obs and args.obs_warmup_steps:
         for ref in [pool.call(i, "warm_up", args.obs_warmup_steps) for i in range(args.num_actors)]:
             obs_rms.update_from_moments(*pool.get(ref))
-    writer = start_run(args, run_dir, resumed=ckpt is not None)
+    writer = start_run(args, run_dir, resumed_at=global_step if ckpt is not None else None)
     monitor = Monitor(args, writer, global_step, counters, act_dim, wall_time_before)
     actor_nodes: set[str] = set()
 

@@ -159,12 +159,17 @@ class Args:
     """the number of iterations (computed in runtime)"""
 
 
+def require_positive(args: Args, names: list[str]) -> None:
+    """Each named flag must be > 0 (a flag left at None, meaning "default", passes)."""
+    for name in names:
+        if getattr(args, name) is not None and not getattr(args, name) > 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+
+
 def validate_args(args: Args, batch_shape: str | None = None) -> None:
     positive = ["total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"]
     positive += ["guard_patience", "torch_threads", "learning_rate", "clip_coef", "obs_clip", "reward_clip"]
-    for name in [*positive, "guard_max_abs"]:
-        if not getattr(args, name) > 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    require_positive(args, [*positive, "guard_max_abs"])
     if not 0 < args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         raise UsageError(f"--gamma must be in (0, 1] and --gae-lambda in [0, 1], got {args.gamma}, {args.gae_lambda}")
     if args.target_kl is not None and not args.target_kl > 0:
@@ -727,7 +732,7 @@ def train(args: Args) -> int:
         sampler.rng.bit_generator.state = ckpt["sampler_rng"]
     elif args.norm_obs and args.obs_warmup_steps:
         obs_rms.update_from_moments(*sampler.warm_up(args.obs_warmup_steps))
-    writer = start_run(args, run_dir, resumed=ckpt is not None)
+    writer = start_run(args, run_dir, resumed_at=global_step if ckpt is not None else None)
     monitor = Monitor(args, writer, global_step, counters, act_dim, wall_time_before)
 
     def save_checkpoint() -> None:

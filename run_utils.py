@@ -21,6 +21,7 @@ from collections import deque
 import gymnasium as gym
 import numpy as np
 import torch
+import tyro
 from tqdm import tqdm
 
 from gae import health_warnings
@@ -96,8 +97,6 @@ def resumed_args(args_type: type, args):
     them is refused, naming it."""
     saved = load_checkpoint(args.resume)["args"]
     names = {f.name for f in dataclasses.fields(args_type)}
-    import tyro
-
     args = tyro.cli(args_type, default=args_type(**{k: v for k, v in saved.items() if k in names - MACHINE_FLAGS}))
     for name in sorted(names & set(saved) - RESUMABLE_FLAGS):
         if getattr(args, name) != saved[name]:
@@ -145,8 +144,9 @@ def run_folder(args) -> str:
     return run_dir
 
 
-def start_run(args, run_dir: str, resumed: bool):
-    """The run folder and its TensorBoard writer (with wandb mirroring it under --track)."""
+def start_run(args, run_dir: str, resumed_at: int | None):
+    """The run folder and its TensorBoard writer (with wandb mirroring it under --track). `resumed_at`: the step a
+    resumed run continues from (None for a new run)."""
     if args.track:
         try:
             import wandb
@@ -165,10 +165,8 @@ def start_run(args, run_dir: str, resumed: bool):
 
     os.makedirs(run_dir, exist_ok=True)
     # purge_step drops any points a crashed run wrote after the checkpoint, so a resumed curve continues cleanly.
-    writer = SummaryWriter(
-        run_dir, purge_step=int(load_checkpoint(args.resume)["global_step"]) + 1 if resumed else None
-    )
-    if not resumed:
+    writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
+    if resumed_at is None:
         table = "\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])
         writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
         hparam_values = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in vars(args).items()}
