@@ -348,6 +348,7 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple[int, int, bool], run
         save_atomic(state, os.path.join(run_dir, "checkpoint.pt"))
 
     sync_seconds, last_broadcast = pool.broadcast(ppo.policy_weights(agent, obs_rms), version), version
+    learner_seconds = dict(wait=0.0, prepare=0.0, update=0.0, broadcast=sync_seconds)  # where the learner's time goes
     if args.mode == "async":
         for i in range(args.num_actors):
             pool.submit(i)
@@ -367,12 +368,16 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple[int, int, bool], run
             decoupled = args.stale_correction == "decoupled"
             batch = ppo.prepare_batch(agent, ppo.stack_rollouts(rollouts), return_rms, args, decoupled)
             update_start = time.perf_counter()
-            stats, problem = ppo.ppo_update(agent, optimizer, batch, args, ent_coef)
+            learner_seconds["prepare"] += update_start - wait_start - wait_seconds
+            stats, problem = ppo.ppo_update(optimizer, batch, args, ent_coef)
             update_seconds = time.perf_counter() - update_start
+            learner_seconds["wait"] += wait_seconds
+            learner_seconds["update"] += update_seconds
             version += 1
             if broadcast_due(args, version, last_broadcast):
                 sync_seconds, last_broadcast = pool.broadcast(ppo.policy_weights(agent, obs_rms), version), version
-            extra = {"charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/ent_coef": ent_coef}
+                learner_seconds["broadcast"] += sync_seconds
+            extra = {"charts/learning_rate": optimizer.lr, "charts/ent_coef": ent_coef}
             extra |= {"charts/policy_lag_min": min(lags), "charts/policy_lag_max": max(lags)}
             extra |= {"charts/policy_lag_mean": float(np.mean(lags))}
             extra |= {
@@ -384,6 +389,7 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple[int, int, bool], run
             if updated and args.checkpoint_every and version % args.checkpoint_every == 0:
                 save_checkpoint()
     extra = {"learner_updates": version, "actor_nodes": len(actor_nodes)}
+    extra["learner_seconds"] = {k: round(v, 2) for k, v in learner_seconds.items()}
     ppo.end_run(args, run_dir, monitor, loop.status, save_checkpoint, agent, obs_rms, global_step, extra)
     return loop.exit_status()
 

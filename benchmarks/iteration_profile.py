@@ -1,0 +1,125 @@
+"""Where one iteration of ppo_continuous.py spends its time, at CleanRL's defaults (no learning, no files written).
+
+    python benchmarks/iteration_profile.py                         # HalfCheetah-v5, about 30 s on 2 cores
+    python benchmarks/iteration_profile.py --env-id Hopper-v5 --quick
+
+- The update: ms per minibatch of `ppo_update` (the StackedAdam path both scripts use) against the plain path written
+  the textbook way (Agent.evaluate, nn.utils.clip_grad_norm_, torch.optim.Adam with fused=True, which the scripts
+  used before), on a random batch of the env's shapes. Best of --repeats.
+- The rollout: us per env step of `Sampler.rollout` (what ppo_continuous.py and every DPPO actor run) against the
+  bare `env.step` loop with the same envs, and the share of the rollout spent outside `env.step`.
+Prints a markdown table; with --out, writes it to that file too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import ppo_continuous as ppo  # noqa: E402
+
+
+def plain_update(agent: ppo.Agent, optimizer: torch.optim.Optimizer, batch: dict, args: ppo.Args) -> None:
+    for _ in range(args.update_epochs):
+        for mb in torch.tensor_split(torch.randperm(len(batch["advantages"])), args.num_minibatches):
+            logprob, entropy, value = agent.evaluate(batch["obs"][mb], batch["actions"][mb])
+            old = [batch[k][mb] for k in ("logprobs", "advantages", "values", "returns")]
+            stats = ppo.ppo_loss(
+                logprob, old[0], old[1], value, old[2], old[3], entropy, clip_coef=args.clip_coef,
+                clip_vloss=args.clip_vloss, ent_coef=args.ent_coef, vf_coef=args.vf_coef,
+            )  # fmt: skip
+            optimizer.zero_grad(set_to_none=True)
+            stats.loss.backward()
+            torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            optimizer.step()
+
+
+def best_seconds(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def profile_update(args: ppo.Args, obs_dim: int, act_dim: int, repeats: int) -> dict:
+    n = args.num_envs * args.num_steps
+    g = torch.Generator().manual_seed(0)
+    batch = {k: torch.randn(n, generator=g) for k in ("logprobs", "advantages", "values", "returns")}
+    batch |= dict(obs=torch.randn(n, obs_dim, generator=g), actions=torch.randn(n, act_dim, generator=g))
+    batch |= dict(size=n, non_finite=0, outliers=0)
+    agent, optimizer, _, _ = ppo.make_learner(args, obs_dim, act_dim, False, torch.device("cpu"))
+    plain = copy.deepcopy(agent)
+    torch_adam = torch.optim.Adam(plain.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    minibatches = args.update_epochs * args.num_minibatches
+    stacked = best_seconds(lambda: ppo.ppo_update(optimizer, batch, args, args.ent_coef), repeats)
+    textbook = best_seconds(lambda: plain_update(plain, torch_adam, batch, args), repeats)
+    return dict(stacked_ms=1000 * stacked / minibatches, plain_ms=1000 * textbook / minibatches)
+
+
+def profile_rollout(args: ppo.Args, steps: int, repeats: int) -> dict:
+    sampler = ppo.Sampler(args.env_id, args.num_envs, args.seed, args)
+    obs_dim, act_dim, _ = ppo.check_spaces(args.env_id, sampler.envs[0])
+    agent, _, obs_rms, _ = ppo.make_learner(args, obs_dim, act_dim, False, torch.device("cpu"))
+    obs_rms.update_from_moments(*sampler.warm_up(256))
+    sampler.set_policy(ppo.policy_weights(agent, obs_rms), 0)
+    rollout = best_seconds(lambda: sampler.rollout(steps), repeats)
+    rng = np.random.default_rng(0)
+    space = sampler.envs[0].action_space
+    actions = rng.uniform(space.low, space.high, size=(steps, args.num_envs, *space.shape))
+
+    def bare_steps() -> None:
+        for step in range(steps):
+            ppo.step_envs(sampler.envs, actions[step])
+
+    bare = best_seconds(bare_steps, repeats)
+    sampler.close()
+    per_step = 1e6 / (steps * args.num_envs)
+    return dict(rollout_us=rollout * per_step, env_us=bare * per_step, outside=1 - bare / rollout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="iteration_profile.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--env-id", default="HalfCheetah-v5", help="env whose shapes and steps are timed")
+    p.add_argument("--repeats", type=int, default=3, help="best of this many timings (default: 3)")
+    p.add_argument("--quick", action="store_true", help="smoke test: one epoch, 256 steps, one repeat")
+    p.add_argument("--out", default=None, help="also write the table to this file")
+    cfg = p.parse_args(argv)
+    torch.set_num_threads(1)
+    args = ppo.Args(env_id=cfg.env_id, update_epochs=1 if cfg.quick else 10)
+    steps, repeats = (256, 1) if cfg.quick else (args.num_steps, cfg.repeats)
+    try:
+        rollout = profile_rollout(args, steps, repeats)
+    except ppo.UsageError as e:
+        print(f"iteration_profile.py: error: {e}", file=sys.stderr)
+        return 2
+    env = ppo.make_env(args.env_id)
+    update = profile_update(args, env.observation_space.shape[0], env.action_space.shape[0], repeats)
+    lines = [
+        f"{args.env_id}, CleanRL's defaults ({args.num_envs} env x {args.num_steps} steps, {args.num_minibatches} "
+        f"minibatches, {args.update_epochs} epochs), torch {torch.__version__}, 1 thread, best of {repeats}:",
+        "",
+        "| part | this repo | reference | ratio |",
+        "|---|--:|--:|--:|",
+        f"| update, ms per minibatch (reference: plain Agent + torch.optim.Adam) | {update['stacked_ms']:.3f} | "
+        f"{update['plain_ms']:.3f} | {update['plain_ms'] / update['stacked_ms']:.2f}x |",
+        f"| rollout, us per env step (reference: bare env.step loop) | {rollout['rollout_us']:.1f} | "
+        f"{rollout['env_us']:.1f} | {rollout['outside']:.0%} of the rollout outside env.step |",
+    ]
+    print("\n".join(lines))
+    if cfg.out:
+        with open(cfg.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""The update's fast path: Adam over the PPO agent's parameters, laid out so that a minibatch costs fewer ops.
+
+A 64-unit MLP's update spends its time on PyTorch's per-op overhead, not on arithmetic, so the layout cuts ops:
+- The actor's and the critic's layers are stacked in pairs, so one torch.baddbmm runs a layer of both nets (the
+  critic's 1-unit output layer is padded with zeros to the actor's width; its padding gets no gradient and stays 0).
+- All parameters live in one flat buffer and all gradients in another: the gradient clip is one norm and Adam's step
+  five ops on one tensor. No torch.optim object is built (its first use imports torch._dynamo, 1.3 s of start-up).
+
+The Agent's parameters become views into the buffer, so the Agent stays the plain nn.Module that acts, is saved and
+loaded, and always holds the current weights. Nothing here changes the math: tests/test_ppo_continuous.py checks the
+forward pass, gradients and Adam steps of a whole ppo_update against the plain Agent with clip_grad_norm_ and
+torch.optim.Adam, and benchmarks/iteration_profile.py times the two (1.20 -> 0.87 ms per minibatch on HalfCheetah).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class StackedAdam:
+    """Adam with CleanRL's eps (1e-5) for ppo_continuous.Agent, and the Agent's evaluate on the stacked layout."""
+
+    def __init__(self, agent, lr: float, eps: float = 1e-5, betas: tuple[float, float] = (0.9, 0.999)):
+        in_dim, width, out_dim = (
+            agent.critic[0].in_features,
+            agent.critic[0].out_features,
+            agent.actor_mean[4].out_features,
+        )
+        shapes = [(2, width, in_dim), (2, 1, width), (2, width, width), (2, 1, width), (2, out_dim, width)]
+        shapes += [(2, 1, out_dim)] + ([] if agent.discrete else [(1, out_dim)])
+        self.agent, self.lr, self.eps, self.betas, self.steps, self.shapes = agent, lr, eps, betas, 0, shapes
+        device, size = agent.critic[0].weight.device, sum(int(np.prod(shape)) for shape in shapes)
+        self.params, self.grads, self.exp_avg, self.exp_avg_sq = (torch.zeros(size, device=device) for _ in range(4))
+        self.stacked = self.unflatten(self.params)
+        for leaf, grad in zip(self.stacked, self.unflatten(self.grads)):
+            leaf.requires_grad_(True)
+            leaf.grad = grad  # backward accumulates into the flat gradient buffer in place
+        with torch.no_grad():
+            for (name, param), view in zip(agent.named_parameters(), self.agent_views(self.params), strict=True):
+                if param.shape != view.shape:  # a network changed by hand: torch.optim.Adam fits any layout
+                    raise ValueError(f"StackedAdam lays {name} {tuple(param.shape)} out as {tuple(view.shape)}")
+                view.copy_(param)
+                param.data = view
+
+    def unflatten(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        sizes = [int(np.prod(shape)) for shape in self.shapes]
+        return [part.view(shape) for part, shape in zip(flat.split(sizes), self.shapes)]
+
+    def agent_views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Views of `flat` (laid out like the parameters) shaped as the Agent's parameters, in their order: the
+        actor's log-std, the critic (net 1 of each stacked pair), then the actor (net 0)."""
+        w1, b1, w2, b2, w3, b3, *logstd = self.unflatten(flat)
+        critic = [w1[1], b1[1, 0], w2[1], b2[1, 0], w3[1, :1], b3[1, 0, :1]]
+        return logstd + critic + [w1[0], b1[0, 0], w2[0], b2[0, 0], w3[0], b3[0, 0]]
+
+    def evaluate(self, x: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Agent.evaluate, both nets at once."""
+        w1, b1, w2, b2, w3, b3, *logstd = self.stacked
+        h = torch.tanh(torch.baddbmm(b1, x.expand(2, *x.shape), w1.mT))
+        h = torch.tanh(torch.baddbmm(b2, h, w2.mT))
+        out = torch.baddbmm(b3, h, w3.mT)
+        return (*self.agent.action_terms(out[0], logstd[0] if logstd else None, action), out[1, :, 0])
+
+    def zero_grad(self) -> None:
+        self.grads.zero_()
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """nn.utils.clip_grad_norm_ on the flat gradient; returns the norm before clipping."""
+        norm = torch.linalg.vector_norm(self.grads)
+        self.grads.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+        return norm
+
+    def step(self) -> None:
+        """One Adam step, as torch.optim.Adam computes it (Kingma & Ba 2015, with eps outside the square root)."""
+        (beta1, beta2), self.steps = self.betas, self.steps + 1
+        self.exp_avg.lerp_(self.grads, 1 - beta1)
+        self.exp_avg_sq.mul_(beta2).addcmul_(self.grads, self.grads, value=1 - beta2)
+        denom = (self.exp_avg_sq.sqrt() / np.sqrt(1 - beta2**self.steps)).add_(self.eps)
+        self.params.addcdiv_(self.exp_avg, denom, value=-self.lr / (1 - beta1**self.steps))
+
+    def state_dict(self) -> dict:
+        """torch.optim.Adam's format, one entry per Agent parameter, so checkpoints stay readable by either."""
+        moments = zip(self.agent_views(self.exp_avg), self.agent_views(self.exp_avg_sq))
+        state = {i: dict(step=torch.tensor(float(self.steps)), exp_avg=m.clone(), exp_avg_sq=v.clone())
+                 for i, (m, v) in enumerate(moments)} if self.steps else {}  # fmt: skip
+        group = dict(lr=self.lr, betas=self.betas, eps=self.eps, params=list(range(len(self.agent_views(self.params)))))
+        return {"state": state, "param_groups": [group]}
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.lr, state = float(saved["param_groups"][0]["lr"]), saved["state"]
+        views = list(zip(self.agent_views(self.exp_avg), self.agent_views(self.exp_avg_sq)))
+        if state and len(state) != len(views):
+            raise ValueError(f"the optimizer state holds {len(state)} parameters, this network {len(views)}")
+        with torch.no_grad():
+            for i, (m, v) in enumerate(views):
+                m.copy_(state[i]["exp_avg"] if state else 0.0)
+                v.copy_(state[i]["exp_avg_sq"] if state else 0.0)
+        self.steps = int(state[0]["step"]) if state else 0
