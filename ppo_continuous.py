@@ -304,6 +304,7 @@ class NumpyPolicy:
         if not self.discrete:
             self.logstd = weights["actor_logstd"].reshape(-1).astype(np.float64)
             self.std = np.exp(self.logstd)
+            self.logprob_offset = self.logstd.sum() + len(self.logstd) * LOG_SQRT_2PI
 
     def actor(self, obs: np.ndarray) -> np.ndarray:
         h = obs
@@ -325,7 +326,7 @@ class NumpyPolicy:
             actions = np.minimum((cumulative < u).sum(axis=1), out.shape[1] - 1)
             return actions, log_probs[np.arange(len(obs)), actions]
         noise = rng.standard_normal(out.shape)
-        return out + self.std * noise, (-0.5 * noise**2 - self.logstd - LOG_SQRT_2PI).sum(axis=1)
+        return out + self.std * noise, -0.5 * (noise * noise).sum(axis=1) - self.logprob_offset
 
     def best_action(self, obs: np.ndarray) -> np.ndarray:
         out = self.actor(obs)
@@ -403,8 +404,8 @@ class Sampler:
         for step in range(num_steps):
             raw_obs[step] = self.raw_obs
             obs[step] = self.normalize(self.raw_obs)
-            # A NaN observation is masked out of training; the env still needs a finite action.
-            acting_obs = obs[step] if np.isfinite(self.raw_obs).all() else np.nan_to_num(obs[step])
+            # A NaN observation is masked out of training (normalize made its row NaN); the env still needs an action.
+            acting_obs = np.nan_to_num(obs[step]) if np.isnan(obs[step, :, 0]).any() else obs[step]
             action, logprobs[step] = self.policy.act(acting_obs, self.rng)
             actions[step] = action
             env_action = action if self.discrete else np.minimum(np.maximum(action, self.low), self.high)
@@ -525,17 +526,23 @@ def ppo_update(optimizer: StackedAdam, batch: dict, args: Args, ent_coef: float)
     if kept < batch["size"] / 2:
         return {}, f"only {kept} of {batch['size']} samples are usable (NaN/inf data or outlier advantages)"
     clipfracs, stats = [], None
+    # One gather per minibatch: the batch's columns packed side by side, split back into views of the rows drawn.
+    # dppo_ray.py --stale-correction decoupled adds the behaviour policy's log-probs.
+    names = ["obs", "actions", "logprobs", "advantages", "values", "returns", "behaviour_logprobs"]
+    columns = [batch[k].reshape(kept, -1) for k in names if k in batch]
+    packed, widths = torch.cat(columns, 1), [c.shape[1] for c in columns]
+    discrete = batch["actions"].dim() == 1  # one action index per sample
     for epoch in range(args.update_epochs):
-        permutation = torch.randperm(kept, device=batch["obs"].device)
+        permutation = torch.randperm(kept, device=packed.device)
         for mb in torch.tensor_split(permutation, args.num_minibatches):
-            new_logprob, entropy, new_value = optimizer.evaluate(batch["obs"][mb], batch["actions"][mb])
-            mb_ = {k: batch[k][mb] for k in ("logprobs", "advantages", "values", "returns")}
-            # dppo_ray.py --stale-correction decoupled: the behaviour policy's log-probs and their weights' cap
-            behaviour = batch["behaviour_logprobs"][mb] if "behaviour_logprobs" in batch else None
+            obs, actions, *rest = packed[mb].split(widths, 1)
+            logprobs, advantages, values, returns, *behaviour = (column.squeeze(1) for column in rest)
+            new_logprob, entropy, new_value = optimizer.evaluate(obs, actions.squeeze(1) if discrete else actions)
             stats = ppo_loss(
-                new_logprob, mb_["logprobs"], mb_["advantages"], new_value, mb_["values"], mb_["returns"], entropy,
+                new_logprob, logprobs, advantages, new_value, values, returns, entropy,
                 clip_coef=args.clip_coef, clip_vloss=args.clip_vloss, ent_coef=ent_coef, vf_coef=args.vf_coef,
-                norm_adv=args.norm_adv, behaviour_logprob=behaviour, max_is_weight=getattr(args, "max_is_weight", 1),
+                norm_adv=args.norm_adv, behaviour_logprob=behaviour[0] if behaviour else None,
+                max_is_weight=getattr(args, "max_is_weight", 1),
             )  # fmt: skip
             if not torch.isfinite(stats.loss) or stats.loss.abs() > args.guard_max_abs:
                 return {}, f"loss {stats.loss.item():.3g} in epoch {epoch + 1}"
