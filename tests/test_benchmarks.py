@@ -280,3 +280,23 @@ def test_cleanrl_script_is_not_in_the_repository():
         check=True,
     ).stdout.split()
     assert not [f for f in files if os.path.basename(f) == "ppo_continuous_action.py"]
+
+
+def test_learning_run_resumes_a_half_finished_set(tmp_path):
+    """learning.py --run after an interruption: finished runs are kept, an interrupted ppo/DPPO run resumes from its
+    checkpoint.pt, a half-finished run without one starts afresh, a missing one starts."""
+    import json
+
+    from learning import run_status
+
+    cfg = argparse.Namespace(total_timesteps=4096, num_steps=2048)
+    finished, interrupted, killed = tmp_path / "finished", tmp_path / "interrupted", tmp_path / "killed"
+    for folder in (finished, interrupted, killed):
+        folder.mkdir()
+    (finished / "summary.json").write_text(json.dumps({"status": "completed"}))
+    (interrupted / "summary.json").write_text(json.dumps({"status": "interrupted"}))
+    (interrupted / "checkpoint.pt").write_bytes(b"")
+    assert run_status(str(finished), cfg) == "done"
+    assert run_status(str(interrupted), cfg) == "resume"
+    assert run_status(str(killed), cfg) == "restart"
+    assert run_status(str(tmp_path / "never"), cfg) == "new"
