@@ -236,6 +236,17 @@ class ActorPool:
         return [accepted[key] for key in sorted(accepted)], dropped
 
 
+def stack_rollouts(rollouts: list[dict]) -> dict:
+    """Several samplers' rollouts as one, their envs side by side (the columns of the (T, N) arrays)."""
+    if len(rollouts) == 1:
+        return rollouts[0]
+    per_step = ("obs", "actions", "logprobs", "rewards", "discounted_returns", "terminations", "truncations")
+    stacked = {k: np.concatenate([r[k] for r in rollouts], axis=1) for k in per_step}
+    offsets = np.cumsum([0] + [r["rewards"].shape[1] for r in rollouts])
+    stacked["final_index"] = np.concatenate([r["final_index"] + [0, off] for r, off in zip(rollouts, offsets)])
+    return stacked | {k: np.concatenate([r[k] for r in rollouts]) for k in ("final_obs", "next_obs")}
+
+
 def broadcast_due(args: Args, version: int, last_broadcast: int) -> bool:
     """Every --sync-every updates. In async mode also once the newest weights the actors have are --max-policy-lag
     updates old: a rollout of theirs that arrived later could only be dropped, and with nothing fresh to train on
@@ -303,7 +314,7 @@ def train(args: Args) -> int:
     ckpt = resume_checkpoint(args)
     quiet_mujoco_log()
     env = ppo.make_env(args.env_id)  # a bad env id fails here, before Ray starts
-    spaces = ppo.check_spaces(args.env_id, env, allow_discrete=True)
+    spaces = (*ppo.check_spaces(args.env_id, env, allow_discrete=True), env.obs_layout)
     env.close()
     device = seed_everything(args)
     run_dir = run_folder(args)
@@ -322,10 +333,12 @@ def train(args: Args) -> int:
             ray.shutdown()
 
 
-def learn(args: Args, ray, ckpt: dict | None, spaces: tuple[int, int, bool], run_dir: str, device) -> int:
-    """The learner: agent, optimizer and statistics (restored from `ckpt` on --resume), the actors, the loop."""
-    obs_dim, act_dim, discrete = spaces
+def learn(args: Args, ray, ckpt: dict | None, spaces: tuple, run_dir: str, device) -> int:
+    """The learner: agent, optimizer and statistics (restored from `ckpt` on --resume), the actors, the loop.
+    `spaces`: the env's (obs_dim, act_dim, discrete, obs_layout)."""
+    obs_dim, act_dim, discrete, obs_layout = spaces
     agent, optimizer, obs_rms, return_rms = ppo.make_learner(args, obs_dim, act_dim, discrete, device)
+    agent.obs_layout = obs_layout
     global_step, version, wall_time_before, counters = 0, 0, 0.0, {}
     if ckpt is not None:
         global_step, version, wall_time_before, counters = ppo.restore_training(
@@ -366,7 +379,7 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple[int, int, bool], run
             actor_speed = float(np.mean([r["rewards"].size / float(r["sample_seconds"]) for r in rollouts]))
             actor_nodes.update(str(r["node_id"]) for r in rollouts)
             decoupled = args.stale_correction == "decoupled"
-            batch = ppo.prepare_batch(agent, ppo.stack_rollouts(rollouts), return_rms, args, decoupled)
+            batch = ppo.prepare_batch(agent, stack_rollouts(rollouts), return_rms, args, decoupled)
             update_start = time.perf_counter()
             learner_seconds["prepare"] += update_start - wait_start - wait_seconds
             stats, problem = ppo.ppo_update(optimizer, batch, args, ent_coef)

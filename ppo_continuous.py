@@ -14,6 +14,7 @@ checkpoints and evaluation from here and adds only what distribution needs. The 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 import time
@@ -42,7 +43,9 @@ from run_utils import (
     TrainingLoop,
     UsageError,
     finish_run,
+    flatten_observation,
     load_checkpoint,
+    observation_layout,
     quiet_mujoco_log,
     resume_checkpoint,
     resumed_args,
@@ -195,12 +198,19 @@ def validate_args(args: Args, batch_shape: str | None = None) -> None:
 # Environment
 # ---------------------------------------------------------------------------------------------------------------------
 def make_env(env_id: str, capture_video: bool = False, video_dir: str = "") -> gym.Env:
+    """gym.make, with a Dict or Tuple observation (dm_control's, say) flattened into one vector; `env.obs_layout`
+    records how (see observation_layout), and is saved with the policy."""
     try:
-        if capture_video:
-            return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), video_dir)
-        return gym.make(env_id)
+        env = gym.make(env_id, render_mode="rgb_array") if capture_video else gym.make(env_id)
     except (gym.error.Error, ModuleNotFoundError, ImportError) as e:
         raise UsageError(f"cannot make env '{env_id}': {str(e).splitlines()[0]}") from None
+    layout = observation_layout(env_id, env.observation_space)
+    if layout is not None:
+        env = gym.wrappers.FlattenObservation(env)
+    if capture_video:
+        env = gym.wrappers.RecordVideo(env, video_dir)
+    env.obs_layout = layout
+    return env
 
 
 def check_spaces(env_id: str, env: gym.Env, allow_discrete: bool = False) -> tuple[int, int, bool]:
@@ -215,7 +225,7 @@ def check_spaces(env_id: str, env: gym.Env, allow_discrete: bool = False) -> tup
             "(dppo_ray.py also takes Discrete)"
         )
     if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
-        raise UsageError(f"{env_id} has observation space {observation_space}; a flat Box is needed")
+        raise UsageError(f"{env_id} has observation space {observation_space}; a Box, Dict or Tuple is needed")
     return observation_space.shape[0], int(action_space.n) if discrete else action_space.shape[0], discrete
 
 
@@ -262,6 +272,8 @@ def mlp(in_dim: int, out_dim: int, out_std: float) -> nn.Sequential:
 
 
 class Agent(nn.Module):
+    obs_layout: list | None = None  # how a Dict/Tuple observation becomes the input vector (observation_layout)
+
     def __init__(self, obs_dim: int, act_dim: int, discrete: bool = False):
         super().__init__()
         self.discrete = discrete
@@ -469,17 +481,6 @@ def update_statistics(rollout: dict, obs_rms: RunningMeanStd, return_rms: Runnin
         return_rms.update(rollout["discounted_returns"].reshape(-1))
 
 
-def stack_rollouts(rollouts: list[dict]) -> dict:
-    """Several samplers' rollouts as one, their envs side by side (the columns of the (T, N) arrays)."""
-    if len(rollouts) == 1:
-        return rollouts[0]
-    per_step = ("obs", "actions", "logprobs", "rewards", "discounted_returns", "terminations", "truncations")
-    stacked = {k: np.concatenate([r[k] for r in rollouts], axis=1) for k in per_step}
-    offsets = np.cumsum([0] + [r["rewards"].shape[1] for r in rollouts])
-    stacked["final_index"] = np.concatenate([r["final_index"] + [0, off] for r, off in zip(rollouts, offsets)])
-    return stacked | {k: np.concatenate([r[k] for r in rollouts]) for k in ("final_obs", "next_obs")}
-
-
 def prepare_batch(agent: Agent, rollout: dict, reward_scale: RunningMeanStd, args: Args, decoupled=False) -> dict:
     """Scale the rewards, value the batch and run GAE with the per-sample guard; flat tensors of the samples kept."""
     device = next(agent.parameters()).device
@@ -526,29 +527,30 @@ def ppo_update(optimizer: StackedAdam, batch: dict, args: Args, ent_coef: float)
     if kept < batch["size"] / 2:
         return {}, f"only {kept} of {batch['size']} samples are usable (NaN/inf data or outlier advantages)"
     clipfracs, stats = [], None
-    # One gather per minibatch: the batch's columns packed side by side, split back into views of the rows drawn.
-    # dppo_ray.py --stale-correction decoupled adds the behaviour policy's log-probs.
-    names = ["obs", "actions", "logprobs", "advantages", "values", "returns", "behaviour_logprobs"]
-    columns = [batch[k].reshape(kept, -1) for k in names if k in batch]
-    packed, widths = torch.cat(columns, 1), [c.shape[1] for c in columns]
-    discrete = batch["actions"].dim() == 1  # one action index per sample
+    # One gather per minibatch from the batch's columns packed side by side (+ behaviour log-probs when decoupled)
+    obs_dim, actions = batch["obs"].shape[1], batch["actions"].reshape(kept, -1)
+    scalars = [batch[k] for k in ("logprobs", "advantages", "values", "returns", "behaviour_logprobs") if k in batch]
+    packed = torch.cat([batch["obs"], actions, torch.stack(scalars, 1)], 1)
+    end_of_actions, discrete = obs_dim + actions.shape[1], batch["actions"].dim() == 1  # discrete: one index each
     for epoch in range(args.update_epochs):
         permutation = torch.randperm(kept, device=packed.device)
         for mb in torch.tensor_split(permutation, args.num_minibatches):
-            obs, actions, *rest = packed[mb].split(widths, 1)
-            logprobs, advantages, values, returns, *behaviour = (column.squeeze(1) for column in rest)
-            new_logprob, entropy, new_value = optimizer.evaluate(obs, actions.squeeze(1) if discrete else actions)
+            rows = packed[mb]
+            logprobs, advantages, values, returns, *behaviour = rows[:, end_of_actions:].unbind(1)
+            mb_actions = rows[:, end_of_actions - 1] if discrete else rows[:, obs_dim:end_of_actions]
+            new_logprob, entropy, new_value = optimizer.evaluate(rows[:, :obs_dim], mb_actions)
             stats = ppo_loss(
                 new_logprob, logprobs, advantages, new_value, values, returns, entropy,
                 clip_coef=args.clip_coef, clip_vloss=args.clip_vloss, ent_coef=ent_coef, vf_coef=args.vf_coef,
                 norm_adv=args.norm_adv, behaviour_logprob=behaviour[0] if behaviour else None,
                 max_is_weight=getattr(args, "max_is_weight", 1),
             )  # fmt: skip
-            if not torch.isfinite(stats.loss) or stats.loss.abs() > args.guard_max_abs:
-                return {}, f"loss {stats.loss.item():.3g} in epoch {epoch + 1}"
+            loss = stats.loss.item()  # one sync a minibatch (the guard must see it before the step)
+            if not math.isfinite(loss) or abs(loss) > args.guard_max_abs:
+                return {}, f"loss {loss:.3g} in epoch {epoch + 1}"
             optimizer.zero_grad()
             stats.loss.backward()
-            if not torch.isfinite(optimizer.clip_grad_norm(args.max_grad_norm)):
+            if not math.isfinite(optimizer.clip_grad_norm(args.max_grad_norm)):
                 return {}, f"non-finite gradient in epoch {epoch + 1}"
             optimizer.step()
             clipfracs.append(stats.clipfrac)
@@ -570,6 +572,7 @@ def policy_state(agent: Agent, obs_rms: RunningMeanStd, args: Args, global_step:
     """The saved model: enough to act (weights and normalization statistics) and to know how (the flags)."""
     return {
         "agent": agent.state_dict(),
+        "obs_layout": agent.obs_layout,
         "obs_rms": obs_rms.state_dict(),
         "args": dataclasses.asdict(args),
         "global_step": global_step,
@@ -583,6 +586,7 @@ def agent_from_checkpoint(ckpt: dict, path: str) -> tuple[Agent, RunningMeanStd]
         obs_dim, act_dim = state["actor_mean.0.weight"].shape[1], state["actor_mean.4.weight"].shape[0]
         agent, obs_rms = Agent(obs_dim, act_dim, discrete), RunningMeanStd(shape=(obs_dim,))
         agent.load_state_dict(state)
+        agent.obs_layout = ckpt.get("obs_layout")
         obs_rms.load_state_dict(ckpt["obs_rms"])
     except (RuntimeError, ValueError, KeyError, IndexError, AttributeError) as e:
         raise UsageError(
@@ -608,9 +612,13 @@ class Policy:
             (obs_rms.mean, np.sqrt(obs_rms.var + 1e-8)) if saved_args["norm_obs"] else (None, None)
         )
         self.low = self.high = None
+        self.obs_layout = agent.obs_layout
 
-    def predict(self, obs: np.ndarray, deterministic: bool = True, rng: np.random.Generator | None = None):
-        """The mean (or most likely) action, or a sample when not deterministic; clipped to the env's bounds."""
+    def predict(self, obs, deterministic: bool = True, rng: np.random.Generator | None = None):
+        """The mean (or most likely) action, or a sample when not deterministic; clipped to the env's bounds. `obs` is
+        one observation or a batch, as the env returns it (a Dict observation as a dict: it is flattened here)."""
+        if self.obs_layout is not None and (isinstance(obs, (dict, tuple)) or self.obs_layout[0][0] == []):
+            obs = flatten_observation(obs, self.obs_layout)  # a Dict/Tuple, or a Box of more than one dimension
         obs = np.asarray(obs, dtype=np.float64)
         batch = normalize_obs(np.atleast_2d(obs), self.obs_mean, self.obs_std, self.obs_clip)
         if deterministic:
@@ -733,6 +741,7 @@ def train(args: Args) -> int:
     sampler = Sampler(args.env_id, args.num_envs, seed, args, os.path.join(run_dir, "videos"))  # a bad env fails here
     obs_dim, act_dim, _ = check_spaces(args.env_id, sampler.envs[0])
     agent, optimizer, obs_rms, return_rms = make_learner(args, obs_dim, act_dim, False, device)
+    agent.obs_layout = sampler.envs[0].obs_layout
     global_step, iteration, wall_time_before, counters = 0, 0, 0.0, {}
     if ckpt is not None:
         global_step, iteration, wall_time_before, counters = restore_training(

@@ -119,6 +119,42 @@ def resume_checkpoint(args) -> dict | None:
     return ckpt
 
 
+def observation_layout(env_id: str, space: gym.Space) -> list[list] | None:
+    """None for a flat Box. For a Dict or Tuple of Boxes, nested to any depth: its entries in the order
+    gymnasium.spaces.flatten concatenates them (a Dict's own order, which gymnasium sorts by key when the Dict is built
+    from a dict; a Tuple's index order), each as [path of keys and indices, shape]. A Box's values go in C order."""
+    if isinstance(space, gym.spaces.Box) and len(space.shape) == 1:
+        return None
+    layout = []
+
+    def walk(node: gym.Space, path: list) -> None:
+        if isinstance(node, gym.spaces.Box):
+            layout.append([path, list(node.shape)])
+        elif isinstance(node, (gym.spaces.Dict, gym.spaces.Tuple)):
+            items = node.spaces.items() if isinstance(node, gym.spaces.Dict) else enumerate(node.spaces)
+            for key, child in items:
+                walk(child, [*path, key])
+        else:
+            where = "/".join(map(str, path)) or "the observation"
+            raise UsageError(f"{env_id}: {where} is {node}; observations must be Boxes (Dict and Tuple of them)")
+
+    walk(space, [])
+    return layout
+
+
+def flatten_observation(obs, layout: list[list]) -> np.ndarray:
+    """A Dict/Tuple observation, or a batch of them (arrays with leading batch dimensions), as flat vectors laid out
+    as the env's FlattenObservation lays them out."""
+    parts = []
+    for path, shape in layout:
+        value = obs
+        for key in path:
+            value = value[key]
+        value = np.asarray(value, dtype=np.float64)
+        parts.append(value.reshape(*value.shape[: value.ndim - len(shape)], -1))
+    return np.concatenate(parts, axis=-1)
+
+
 def seed_everything(args) -> torch.device:
     random.seed(args.seed)
     np.random.seed(args.seed)  # noqa: NPY002 (seeds third-party code; our own sampling uses the samplers' generators)

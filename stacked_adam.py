@@ -65,10 +65,12 @@ class StackedAdam:
     def zero_grad(self) -> None:
         self.grads.zero_()
 
-    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        """nn.utils.clip_grad_norm_ on the flat gradient; returns the norm before clipping."""
-        norm = torch.linalg.vector_norm(self.grads)
-        self.grads.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """nn.utils.clip_grad_norm_ on the flat gradient; returns the norm before clipping (one sync: the guard reads
+        it anyway, and the clip coefficient is then a Python float rather than three more tensor ops)."""
+        norm = torch.linalg.vector_norm(self.grads).item()
+        if norm > max_norm:  # below it the coefficient clamps to 1; a NaN norm falls through to the caller's guard
+            self.grads.mul_(max_norm / (norm + 1e-6))
         return norm
 
     def step(self) -> None:
@@ -76,8 +78,10 @@ class StackedAdam:
         (beta1, beta2), self.steps = self.betas, self.steps + 1
         self.exp_avg.lerp_(self.grads, 1 - beta1)
         self.exp_avg_sq.mul_(beta2).addcmul_(self.grads, self.grads, value=1 - beta2)
-        denom = (self.exp_avg_sq.sqrt() / np.sqrt(1 - beta2**self.steps)).add_(self.eps)
-        self.params.addcdiv_(self.exp_avg, denom, value=-self.lr / (1 - beta1**self.steps))
+        # torch's sqrt(v) / sqrt(1 - beta2^t) + eps, with sqrt(1 - beta2^t) moved into the step size: one op less
+        root_correction = np.sqrt(1 - beta2**self.steps)
+        denom = self.exp_avg_sq.sqrt().add_(self.eps * root_correction)
+        self.params.addcdiv_(self.exp_avg, denom, value=-self.lr * root_correction / (1 - beta1**self.steps))
 
     def state_dict(self) -> dict:
         """torch.optim.Adam's format, one entry per Agent parameter, so checkpoints stay readable by either."""

@@ -1,7 +1,8 @@
 """Learning curves side by side: return against env steps and against wall-clock time, over seeds.
 
     python benchmarks/learning.py                          # read runs/bench/<impl>/<env>__<seed> and plot
-    python benchmarks/learning.py --run --impls ppo sb3    # first train what is missing (long: 10-34 min a run)
+    python benchmarks/learning.py --run --impls ppo sb3    # first train what is missing (long: 10-34 min a run);
+                                                           # run it again after a Ctrl-C: it resumes where it stopped
     python benchmarks/learning.py --quick                  # smoke test: tiny Pendulum runs, under 3 minutes
 
 Layout: every run logs TensorBoard events under <runs-root>/<group>/<impl>/<env-id>__<seed>/ (ppo_continuous.py and
@@ -22,7 +23,9 @@ from __future__ import annotations
 import argparse
 import glob
 import itertools
+import json
 import os
+import shutil
 import sys
 import time
 from collections import deque
@@ -53,8 +56,11 @@ def run_missing(cfg: argparse.Namespace) -> None:
         for seed in range(1, cfg.seeds + 1):
             for impl in cfg.impls:
                 folder = os.path.join(root, cfg.group, impl, f"{env_id}__{seed}")
-                if glob.glob(os.path.join(folder, "**", "events.*"), recursive=True):
+                status = run_status(folder, cfg)
+                if status == "done":
                     continue
+                if status == "restart" and impl == "sb3":
+                    shutil.rmtree(folder)  # SB3 keeps no checkpoint here: its half-finished run starts afresh
                 common = [f"--env-id={env_id}", f"--seed={seed}", f"--total-timesteps={cfg.total_timesteps}"]
                 common += [f"--num-minibatches={cfg.num_minibatches}"]
                 if impl == "sb3":
@@ -65,8 +71,29 @@ def run_missing(cfg: argparse.Namespace) -> None:
                     steps = cfg.num_steps // 2 if script == "dppo_ray.py" else cfg.num_steps
                     argv = [os.path.join(REPO, script), *flags, *common, f"--num-steps={steps}", "--quiet"]
                     argv += [f"--run-name={os.path.relpath(folder, os.path.join(root))}"]
-                print(f"learning.py: training {impl} on {env_id}, seed {seed} ...", file=sys.stderr, flush=True)
+                    if status == "resume":  # the flags come from the checkpoint
+                        argv = [argv[0], f"--resume={os.path.join(folder, 'checkpoint.pt')}", "--quiet"]
+                    elif status == "restart":
+                        argv.append("--overwrite")
+                print(f"learning.py: {status} {impl} on {env_id}, seed {seed} ...", file=sys.stderr, flush=True)
                 timed_subprocess(f"{impl} on {env_id} seed {seed}", argv, cwd=os.path.dirname(root))
+
+
+def run_status(folder: str, cfg: argparse.Namespace) -> str:
+    """What --run does with a run's folder: "done" once it reached --total-timesteps (its summary.json says completed,
+    or, for SB3 and runs without one, its last logged step is within a rollout of the budget), "resume" from the
+    checkpoint.pt that an interrupted ppo or DPPO run left, "restart" a half-finished run that has none, "new"."""
+    if not os.path.isdir(folder):
+        return "new"
+    summary = os.path.join(folder, "summary.json")
+    if os.path.isfile(summary):
+        with open(summary) as f:
+            if json.load(f).get("status") == "completed":
+                return "done"
+    curve = read_curve(folder)
+    if curve is not None and not os.path.isfile(summary) and curve[0][-1] >= cfg.total_timesteps - cfg.num_steps:
+        return "done"
+    return "resume" if os.path.isfile(os.path.join(folder, "checkpoint.pt")) else "restart"
 
 
 def read_curve(folder: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:

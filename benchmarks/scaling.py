@@ -4,6 +4,7 @@
     python benchmarks/scaling.py --envs HalfCheetah-v5 --actors 1 2 4
     python benchmarks/scaling.py --rllib           # adds RLlib PPO, from its own venv benchmarks/.venv-rllib
     python benchmarks/scaling.py --quick           # smoke test, under 3 minutes on 2 cores
+    python benchmarks/scaling.py --actors 1 2 8 16 32 --name scaling_32    # up to 32 actors, about 8 min
 
 Every run is dppo_ray.py in async mode with one env per actor and the same per-actor rollout, minibatch size and
 epochs, so the batch grows with the actors. Throughput is measured in steady state, from the learner's first update
@@ -111,6 +112,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "repository)",
     )
     add_output_args(p, "scaling.md and scaling.png")
+    p.add_argument(
+        "--name", default="scaling", help="file name of the table and plot, without extension (default: scaling)"
+    )
     p.add_argument("--quick", action="store_true", help="smoke test: 1 and 2 actors, 64-step rollouts, 6 updates")
     cfg = p.parse_args(argv)
     if cfg.quick:
@@ -163,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {row['env']} | {row['impl']} | {row['actors']} | {row['steady']:,.0f} | {row['whole']:,.0f} | "
             f"{speedup:.2f}x | {row['efficiency']:.0%} |"
         )
-    with open(os.path.join(cfg.out_dir, "scaling.md"), "w") as f:
+    with open(os.path.join(cfg.out_dir, f"{cfg.name}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -193,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         ax.set_yscale("log")
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(os.path.join(cfg.out_dir, "scaling.png"), dpi=100)
-    print(f"wrote {relative_to_cwd(os.path.join(cfg.out_dir, 'scaling.md'))} and scaling.png", file=sys.stderr)
+    fig.savefig(os.path.join(cfg.out_dir, f"{cfg.name}.png"), dpi=100)
+    print(f"wrote {relative_to_cwd(os.path.join(cfg.out_dir, cfg.name))}.md and .png", file=sys.stderr)
     return 0
 
 

@@ -111,3 +111,37 @@ def cycle_values(gamma: float) -> np.ndarray:
 
 
 register(id="Cycle-v0", entry_point=CycleEnv, max_episode_steps=5)
+
+
+class ReachEnv(gym.Env):
+    """A point that moves by its action toward a target, observed as a nested Dict of Boxes (like dm_control's
+    observations): {"body": {"position", "velocity"}, "target"}. Reward: minus the distance to the target."""
+
+    def __init__(self, discrete_leaf: bool = False):
+        body = gym.spaces.Dict(
+            [("position", gym.spaces.Box(-10, 10, (2,), np.float64)), ("velocity", gym.spaces.Box(-1, 1, (2,)))]
+        )
+        entries = [("target", gym.spaces.Box(-1, 1, (2,), np.float64)), ("body", body)]
+        if discrete_leaf:
+            entries.append(("mode", gym.spaces.Discrete(3)))
+        self.observation_space = gym.spaces.Dict(entries)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+
+    def observation(self) -> dict:
+        return {"target": self.target.copy(), "body": {"position": self.position.copy(), "velocity": self.velocity}}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.position = self.np_random.uniform(-1, 1, 2)
+        self.target = self.np_random.uniform(-1, 1, 2)
+        self.velocity = np.zeros(2, dtype=np.float32)
+        return self.observation(), {}
+
+    def step(self, action):
+        self.velocity = np.clip(action, -1, 1).astype(np.float32)
+        self.position = np.clip(self.position + 0.1 * self.velocity, -10, 10)
+        return self.observation(), -float(np.linalg.norm(self.position - self.target)), False, False, {}
+
+
+register(id="Reach-v0", entry_point=ReachEnv, max_episode_steps=50)
+register(id="ReachDiscreteLeaf-v0", entry_point=ReachEnv, max_episode_steps=50, kwargs={"discrete_leaf": True})

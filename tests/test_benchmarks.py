@@ -240,7 +240,9 @@ def test_recorded_command_has_no_machine_paths():
 MACHINE_PATH = re.compile(r"(?<![\w.])/(work|root|tmp|home)/")
 
 
-@pytest.mark.parametrize("script", ["throughput.py", "scaling.py", "learning.py", "sb3_ppo.py", "rllib_ppo.py"])
+@pytest.mark.parametrize(
+    "script", ["throughput.py", "scaling.py", "learning.py", "sb3_ppo.py", "rllib_ppo.py", "iteration_profile.py"]
+)
 def test_help_exits_0_and_names_only_files_that_exist(script, tmp_path):
     result = run_script(script, "--help", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -280,3 +282,36 @@ def test_cleanrl_script_is_not_in_the_repository():
         check=True,
     ).stdout.split()
     assert not [f for f in files if os.path.basename(f) == "ppo_continuous_action.py"]
+
+
+def test_learning_run_resumes_a_half_finished_set(tmp_path):
+    """learning.py --run after an interruption: finished runs are kept, an interrupted ppo/DPPO run resumes from its
+    checkpoint.pt, a half-finished run without one starts afresh, a missing one starts."""
+    import json
+
+    from learning import run_status
+
+    cfg = argparse.Namespace(total_timesteps=4096, num_steps=2048)
+    finished, interrupted, killed = tmp_path / "finished", tmp_path / "interrupted", tmp_path / "killed"
+    for folder in (finished, interrupted, killed):
+        folder.mkdir()
+    (finished / "summary.json").write_text(json.dumps({"status": "completed"}))
+    (interrupted / "summary.json").write_text(json.dumps({"status": "interrupted"}))
+    (interrupted / "checkpoint.pt").write_bytes(b"")
+    assert run_status(str(finished), cfg) == "done"
+    assert run_status(str(interrupted), cfg) == "resume"
+    assert run_status(str(killed), cfg) == "restart"
+    assert run_status(str(tmp_path / "never"), cfg) == "new"
+
+
+def test_iteration_profile_quick_times_both_update_paths_and_the_rollout(tmp_path):
+    out = tmp_path / "profile.md"
+    result = run_script("iteration_profile.py", "--quick", "--env-id", "Pendulum-v1", "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    table = out.read_text()
+    update = re.search(r"\| update, ms per minibatch [^|]*\| ([\d.]+) \| ([\d.]+) \|", table)
+    rollout = re.search(r"\| rollout, us per env step [^|]*\| ([\d.]+) \| ([\d.]+) \| (\d+)% ", table)
+    assert update and rollout, table
+    assert all(float(x) > 0 for x in update.groups()) and 0 < int(rollout.group(3)) < 100
+    bad = run_script("iteration_profile.py", "--quick", "--env-id", "NoSuchEnv-v0", cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("iteration_profile.py: error: cannot make env")

@@ -188,3 +188,56 @@ def test_custom_env_module_in_the_working_directory(tmp_path, script, extra):
     last = result.stdout.strip().splitlines()[-1]
     assert f"{script}: completed at step 512; run folder runs/m; mean return of the last" in last, last
     assert "tensorboard --logdir runs" in last
+
+
+def test_observation_layout_follows_gymnasiums_flatten_order():
+    """The layout saved with the policy lays a Dict observation out exactly as the env's FlattenObservation does:
+    a Dict's entries in its own order (here target before body, as the env declares them), nested entries in place."""
+    import gymnasium as gym
+
+    raw = gym.make("tests.envs:Reach-v0")
+    layout = ppo_continuous.observation_layout("Reach-v0", raw.observation_space)
+    assert layout == [[["target"], [2]], [["body", "position"], [2]], [["body", "velocity"], [2]]]
+    obs, _ = raw.reset(seed=3)
+    flat = gym.spaces.flatten(raw.observation_space, obs)
+    np.testing.assert_array_equal(ppo_continuous.flatten_observation(obs, layout), flat)
+    batch = {"target": np.stack([obs["target"]] * 3), "body": {k: np.stack([v] * 3) for k, v in obs["body"].items()}}
+    np.testing.assert_array_equal(ppo_continuous.flatten_observation(batch, layout), np.stack([flat] * 3))
+    env = ppo_continuous.make_env("tests.envs:Reach-v0")
+    assert env.observation_space.shape == (6,) and env.obs_layout == layout
+    np.testing.assert_array_equal(env.reset(seed=3)[0], flat)
+    assert ppo_continuous.make_env("Pendulum-v1").obs_layout is None
+    image_like = ppo_continuous.observation_layout("x", gym.spaces.Box(0, 1, (2, 3)))
+    assert image_like == [[[], [2, 3]]]
+    grid = np.arange(12.0).reshape(2, 2, 3)  # a batch of two 2x3 observations
+    np.testing.assert_array_equal(ppo_continuous.flatten_observation(grid, image_like), grid.reshape(2, 6))
+
+
+@pytest.mark.parametrize("script", ["ppo_continuous.py", "dppo_ray.py"])
+def test_dict_observations_train_and_the_saved_policy_flattens_them(tmp_path, script):
+    """A nested Dict observation trains in both scripts; the model carries the layout, so --eval-checkpoint and
+    load_policy(...).predict(dict observation) act on it as the training did."""
+    args = ["--env-id", "tests.envs:Reach-v0", "--total-timesteps", "512", "--run-name", "d", "--save-model"]
+    args += ["--eval-episodes", "2", *COMMON, *SHAPE[script]]
+    result = run(script, args, tmp_path)
+    assert result.returncode == 0, result.stderr
+    model = tmp_path / "runs" / "d" / f"{script[:-3]}.model"
+    evaluation = run("ppo_continuous.py", ["--eval-checkpoint", str(model)], tmp_path)
+    assert evaluation.returncode == 0, evaluation.stderr
+    assert "tests.envs:Reach-v0: mean return" in evaluation.stdout
+    policy = ppo_continuous.load_policy(str(model))
+    assert policy.obs_layout == [[["target"], [2]], [["body", "position"], [2]], [["body", "velocity"], [2]]]
+    obs = {"target": np.array([0.5, -0.5]), "body": {"position": np.array([0.1, 0.2]), "velocity": np.zeros(2)}}
+    flat = np.array([0.5, -0.5, 0.1, 0.2, 0.0, 0.0])
+    np.testing.assert_allclose(policy.predict(obs), policy.predict(flat))
+    assert not np.allclose(policy.predict(obs), policy.predict(flat[[2, 3, 0, 1, 4, 5]])), "the order must matter"
+
+
+@pytest.mark.parametrize("script", ["ppo_continuous.py", "dppo_ray.py"])
+def test_a_dict_observation_with_a_non_box_entry_is_one_line(tmp_path, script):
+    result = run(script, ["--env-id", "tests.envs:ReachDiscreteLeaf-v0", *SHAPE[script], *COMMON], tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == (
+        f"{script}: error: tests.envs:ReachDiscreteLeaf-v0: mode is Discrete(3); observations must be Boxes "
+        "(Dict and Tuple of them)"
+    )
