@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from run_utils import UsageError
+
 
 class StackedAdam:
     """Adam with CleanRL's eps (1e-5) for ppo_continuous.Agent, and the Agent's evaluate on the stacked layout."""
@@ -38,8 +40,11 @@ class StackedAdam:
             leaf.grad = grad  # backward accumulates into the flat gradient buffer in place
         with torch.no_grad():
             for (name, param), view in zip(agent.named_parameters(), self.agent_views(self.params), strict=True):
-                if param.shape != view.shape:  # a network changed by hand: torch.optim.Adam fits any layout
-                    raise ValueError(f"StackedAdam lays {name} {tuple(param.shape)} out as {tuple(view.shape)}")
+                if param.shape != view.shape:  # a network changed by hand
+                    raise UsageError(
+                        f"stacked_adam.py fits the Agent's two-hidden-layer MLPs, not {name} {tuple(param.shape)}: "
+                        "for another network use torch.optim.Adam (plain_update in benchmarks/iteration_profile.py)"
+                    )
                 view.copy_(param)
                 param.data = view
 

@@ -557,3 +557,10 @@ def test_stacked_adam_resumes_from_a_torch_adam_state():
         torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="parameters"):
         ppo_continuous.StackedAdam(ppo_continuous.Agent(5, 2, True), lr=1e-3).load_state_dict(torch_adam.state_dict())
+
+
+def test_stacked_adam_refuses_a_network_of_another_shape_with_one_line():
+    agent = ppo_continuous.Agent(5, 2)
+    agent.critic[2], agent.critic[4] = torch.nn.Linear(64, 32), torch.nn.Linear(32, 1)
+    with pytest.raises(ppo_continuous.UsageError, match="critic.2.weight .32, 64.: for another network use"):
+        ppo_continuous.StackedAdam(agent, lr=1e-3)
