@@ -26,19 +26,25 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ppo_continuous as ppo  # noqa: E402
 
 
-def plain_update(agent: ppo.Agent, optimizer: torch.optim.Optimizer, batch: dict, args: ppo.Args) -> None:
+def plain_update(agent: ppo.Agent, optimizer: torch.optim.Optimizer, batch: dict, args: ppo.Args, ent_coef: float):
+    """The update written the textbook way (Agent.evaluate, clip_grad_norm_, torch.optim.Adam), drawing one
+    permutation per epoch from the same torch RNG as ppo_update: what StackedAdam's fast path is timed and tested
+    against (tests/test_ppo_continuous.py), and an update that fits any network. Returns each minibatch's loss."""
+    losses = []
     for _ in range(args.update_epochs):
         for mb in torch.tensor_split(torch.randperm(len(batch["advantages"])), args.num_minibatches):
             logprob, entropy, value = agent.evaluate(batch["obs"][mb], batch["actions"][mb])
             old = [batch[k][mb] for k in ("logprobs", "advantages", "values", "returns")]
             stats = ppo.ppo_loss(
                 logprob, old[0], old[1], value, old[2], old[3], entropy, clip_coef=args.clip_coef,
-                clip_vloss=args.clip_vloss, ent_coef=args.ent_coef, vf_coef=args.vf_coef,
+                clip_vloss=args.clip_vloss, ent_coef=ent_coef, vf_coef=args.vf_coef, norm_adv=args.norm_adv,
             )  # fmt: skip
             optimizer.zero_grad(set_to_none=True)
             stats.loss.backward()
             torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
             optimizer.step()
+            losses.append(stats.loss.item())
+    return losses
 
 
 def best_seconds(fn, repeats: int) -> float:
@@ -61,7 +67,7 @@ def profile_update(args: ppo.Args, obs_dim: int, act_dim: int, repeats: int) -> 
     torch_adam = torch.optim.Adam(plain.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     minibatches = args.update_epochs * args.num_minibatches
     stacked = best_seconds(lambda: ppo.ppo_update(optimizer, batch, args, args.ent_coef), repeats)
-    textbook = best_seconds(lambda: plain_update(plain, torch_adam, batch, args), repeats)
+    textbook = best_seconds(lambda: plain_update(plain, torch_adam, batch, args, args.ent_coef), repeats)
     return dict(stacked_ms=1000 * stacked / minibatches, plain_ms=1000 * textbook / minibatches)
 
 

@@ -22,6 +22,7 @@ SCRIPT = REPO / "ppo_continuous.py"
 sys.path.insert(0, str(REPO))
 
 import ppo_continuous  # noqa: E402
+from benchmarks.iteration_profile import plain_update  # noqa: E402
 
 # Small, fast settings: 2 iterations of 4 envs x 64 steps.
 SMALL = ["--num-envs", "4", "--num-steps", "64", "--num-minibatches", "4", "--update-epochs", "2", "--quiet"]
@@ -457,27 +458,6 @@ def test_learns_pendulum(tmp_path):
     assert float(evaluation.stdout.split("mean return ")[1].split(" ")[0]) > -700
 
 
-def plain_update(agent, batch, args, ent_coef):
-    """The update written the textbook way (Agent.evaluate, clip_grad_norm_, torch.optim.Adam), one permutation per
-    epoch drawn from the same torch RNG as ppo_update: the reference for StackedAdam's fast path."""
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    losses = []
-    for _ in range(args.update_epochs):
-        for mb in torch.tensor_split(torch.randperm(len(batch["advantages"])), args.num_minibatches):
-            logprob, entropy, value = agent.evaluate(batch["obs"][mb], batch["actions"][mb])
-            stats = ppo_continuous.ppo_loss(
-                logprob, batch["logprobs"][mb], batch["advantages"][mb], value, batch["values"][mb],
-                batch["returns"][mb], entropy, clip_coef=args.clip_coef, clip_vloss=args.clip_vloss,
-                ent_coef=ent_coef, vf_coef=args.vf_coef,
-            )  # fmt: skip
-            optimizer.zero_grad()
-            stats.loss.backward()
-            torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-            optimizer.step()
-            losses.append(stats.loss.item())
-    return losses, optimizer
-
-
 def random_batch(n: int, obs_dim: int, act_dim: int, discrete: bool) -> dict:
     g = torch.Generator().manual_seed(3)
     actions = torch.randint(0, act_dim, (n,), generator=g).float() if discrete else torch.randn(n, act_dim, generator=g)
@@ -505,7 +485,8 @@ def test_stacked_adam_computes_what_the_plain_update_computes(discrete):
     torch.manual_seed(7)
     stats, problem = ppo_continuous.ppo_update(optimizer, batch, args, ent_coef=0.01)
     torch.manual_seed(7)
-    losses, torch_adam = plain_update(reference, batch, args, ent_coef=0.01)
+    torch_adam = torch.optim.Adam(reference.parameters(), lr=args.learning_rate, eps=1e-5)
+    losses = plain_update(reference, torch_adam, batch, args, ent_coef=0.01)
     assert problem is None and np.isfinite(losses).all()
     assert stats["losses/value_loss"] > 0
     for (name, fast), plain in zip(agent.named_parameters(), reference.parameters()):
