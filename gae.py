@@ -12,6 +12,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)  # the Gaussian log-density's constant, per action dimension
+
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Generalized Advantage Estimation
@@ -75,9 +77,30 @@ class PPOLoss(NamedTuple):
     policy_loss: torch.Tensor
     value_loss: torch.Tensor
     entropy: torch.Tensor
-    old_approx_kl: torch.Tensor  # mean(-log r), the naive KL estimator
-    approx_kl: torch.Tensor  # mean((r - 1) - log r), the unbiased low-variance "k3" estimator
-    clipfrac: torch.Tensor  # share of samples whose ratio left [1 - clip, 1 + clip]
+    logratio: torch.Tensor  # log(pi_new / pi_old) per sample
+    ratio: torch.Tensor
+    clip_coef: float
+    logprob_grad: torch.Tensor | None = None  # d loss / d new_logprob per sample (ppo_loss(..., with_grads=True))
+    value_grad: torch.Tensor | None = None  # d loss / d new_values per sample (likewise)
+
+    # The diagnostics are computed when read: the update reads them once per epoch, not once per minibatch.
+    @property
+    def old_approx_kl(self) -> torch.Tensor:
+        """mean(-log r), the naive KL estimator."""
+        with torch.no_grad():
+            return (-self.logratio).mean()
+
+    @property
+    def approx_kl(self) -> torch.Tensor:
+        """mean((r - 1) - log r), the unbiased low-variance "k3" estimator."""
+        with torch.no_grad():
+            return ((self.ratio - 1.0) - self.logratio).mean()
+
+    @property
+    def clipfrac(self) -> torch.Tensor:
+        """Share of samples whose ratio left [1 - clip, 1 + clip]."""
+        with torch.no_grad():
+            return ((self.ratio - 1.0).abs() > self.clip_coef).float().mean()
 
 
 def ppo_loss(
@@ -96,6 +119,7 @@ def ppo_loss(
     norm_adv: bool = True,
     behaviour_logprob: torch.Tensor | None = None,
     max_is_weight: float = 100.0,
+    with_grads: bool = False,
 ) -> PPOLoss:
     """Clipped surrogate + (optionally clipped) value loss - entropy bonus, for one minibatch.
 
@@ -103,36 +127,59 @@ def ppo_loss(
     For stale data (dppo_ray.py --stale-correction decoupled) pass the collecting policy as `behaviour_logprob`: the
     objective becomes decoupled PPO (Hilton et al. 2021), in which w = pi_old / pi_behaviour, truncated at
     `max_is_weight` as in V-trace, corrects for the staleness and the clip stays anchored to the recent `old_logprob`.
+
+    `with_grads=True` also returns the loss's gradient with respect to `new_logprob` and `new_values`, written out
+    (the analytic backward of stacked_adam.py starts from them; tests/test_gae.py checks them against autograd).
+    The entropy's gradient is not among them: it depends on the policy's parametrization, not on the samples.
     """
+    n = new_logprob.numel()
     if norm_adv and advantages.numel() > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
 
     logratio = new_logprob - old_logprob
     ratio = logratio.exp()
     neg_advantages = -advantages
-    surrogate = torch.max(neg_advantages * ratio, neg_advantages * ratio.clamp(1.0 - clip_coef, 1.0 + clip_coef))
+    unclipped = neg_advantages * ratio
+    clipped = neg_advantages * ratio.clamp(1.0 - clip_coef, 1.0 + clip_coef)
+    surrogate = torch.max(unclipped, clipped)
+    logprob_grad = value_grad = None
+    if with_grads:
+        # d/d log pi of -A r is -A r. The max passes it on where the unclipped term is the larger (inside the clip
+        # range the two are equal, and autograd's halves of a tie add up to the whole); the clamped term has none.
+        logprob_grad = unclipped * (unclipped >= clipped) * (1.0 / n)
     if behaviour_logprob is not None:
-        is_weight = (old_logprob - behaviour_logprob).exp().clamp(max=max_is_weight)
-        surrogate = surrogate * is_weight.detach()
+        is_weight = (old_logprob - behaviour_logprob).exp().clamp(max=max_is_weight).detach()
+        surrogate = surrogate * is_weight
+        logprob_grad = None if logprob_grad is None else logprob_grad * is_weight
     policy_loss = surrogate.mean()
 
+    error = new_values - returns
     if clip_vloss:
-        values_clipped = old_values + (new_values - old_values).clamp(-clip_coef, clip_coef)
-        value_loss = 0.5 * torch.max((new_values - returns) ** 2, (values_clipped - returns) ** 2).mean()
+        step = new_values - old_values
+        step_clipped = step.clamp(-clip_coef, clip_coef)
+        squared, squared_clipped = error**2, (old_values + step_clipped - returns) ** 2
+        value_loss = 0.5 * torch.max(squared, squared_clipped).mean()
+        if with_grads:  # the clipped term has a gradient only inside the clip, where it equals the unclipped one
+            value_grad = error * ((squared >= squared_clipped) | (step == step_clipped)) * (vf_coef / n)
     else:
-        value_loss = 0.5 * ((new_values - returns) ** 2).mean()
+        value_loss = 0.5 * (error**2).mean()
+        value_grad = error * (vf_coef / n) if with_grads else None
 
     entropy_mean = entropy.mean()
     loss = policy_loss + vf_coef * value_loss
     if ent_coef:  # CleanRL's default is 0: no entropy term in the graph then (fewer ops per minibatch, same gradient)
         loss = loss - ent_coef * entropy_mean
+    return PPOLoss(loss, policy_loss, value_loss, entropy_mean, logratio, ratio, clip_coef, logprob_grad, value_grad)
 
+
+def mean_clipfrac(ratios: list[torch.Tensor], clip_coef: float) -> float:
+    """The mean over minibatches of PPOLoss.clipfrac, from their ratios, in a few ops for the whole update."""
     with torch.no_grad():
-        old_approx_kl = (-logratio).mean()
-        ratio_minus_one = ratio - 1.0
-        approx_kl = (ratio_minus_one - logratio).mean()
-        clipfrac = (ratio_minus_one.abs() > clip_coef).float().mean()
-    return PPOLoss(loss, policy_loss, value_loss, entropy_mean, old_approx_kl, approx_kl, clipfrac)
+        flags = ((torch.cat(ratios) - 1.0).abs() > clip_coef).float()
+        sizes = torch.tensor([len(r) for r in ratios], device=flags.device)
+        minibatch = torch.repeat_interleave(torch.arange(len(ratios), device=flags.device), sizes)
+        per_minibatch = torch.zeros(len(ratios), device=flags.device).index_add_(0, minibatch, flags) / sizes
+        return per_minibatch.mean().item()
 
 
 def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:

@@ -27,6 +27,7 @@ import tyro
 from torch import nn
 
 from gae import (
+    LOG_SQRT_2PI,
     DiscountedReturn,
     RunningMeanStd,
     advantage_outliers,
@@ -34,7 +35,7 @@ from gae import (
     explained_variance,
     finite_moments,
     finite_samples,
-    ppo_loss,
+    mean_clipfrac,
     scale_rewards,
 )
 from run_utils import (
@@ -255,9 +256,6 @@ def step_envs(envs: list[gym.Env], actions: np.ndarray):
 # Agent: separate 64-64 tanh actor and critic. Box actions: a Gaussian with a state-independent log-std.
 # Discrete actions (dppo_ray.py's CartPole check): a categorical over the same actor's outputs.
 # ---------------------------------------------------------------------------------------------------------------------
-LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)
-
-
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -526,7 +524,9 @@ def ppo_update(optimizer: StackedAdam, batch: dict, args: Args, ent_coef: float)
     kept = len(batch["advantages"])
     if kept < batch["size"] / 2:
         return {}, f"only {kept} of {batch['size']} samples are usable (NaN/inf data or outlier advantages)"
-    clipfracs, stats = [], None
+    ratios, stats = [], None
+    loss_kwargs = dict(clip_coef=args.clip_coef, clip_vloss=args.clip_vloss, ent_coef=ent_coef, vf_coef=args.vf_coef)
+    loss_kwargs |= dict(norm_adv=args.norm_adv, max_is_weight=getattr(args, "max_is_weight", 1))
     # One gather per minibatch from the batch's columns packed side by side (+ behaviour log-probs when decoupled)
     obs_dim, actions = batch["obs"].shape[1], batch["actions"].reshape(kept, -1)
     scalars = [batch[k] for k in ("logprobs", "advantages", "values", "returns", "behaviour_logprobs") if k in batch]
@@ -535,30 +535,25 @@ def ppo_update(optimizer: StackedAdam, batch: dict, args: Args, ent_coef: float)
     for epoch in range(args.update_epochs):
         permutation = torch.randperm(kept, device=packed.device)
         for mb in torch.tensor_split(permutation, args.num_minibatches):
-            rows = packed[mb]
+            rows = packed.index_select(0, mb)
             logprobs, advantages, values, returns, *behaviour = rows[:, end_of_actions:].unbind(1)
             mb_actions = rows[:, end_of_actions - 1] if discrete else rows[:, obs_dim:end_of_actions]
-            new_logprob, entropy, new_value = optimizer.evaluate(rows[:, :obs_dim], mb_actions)
-            stats = ppo_loss(
-                new_logprob, logprobs, advantages, new_value, values, returns, entropy,
-                clip_coef=args.clip_coef, clip_vloss=args.clip_vloss, ent_coef=ent_coef, vf_coef=args.vf_coef,
-                norm_adv=args.norm_adv, behaviour_logprob=behaviour[0] if behaviour else None,
-                max_is_weight=getattr(args, "max_is_weight", 1),
+            stats = optimizer.loss_and_gradients(
+                rows[:, :obs_dim], mb_actions, logprobs, advantages, values, returns,
+                behaviour_logprob=behaviour[0] if behaviour else None, **loss_kwargs,
             )  # fmt: skip
             loss = stats.loss.item()  # one sync a minibatch (the guard must see it before the step)
             if not math.isfinite(loss) or abs(loss) > args.guard_max_abs:
                 return {}, f"loss {loss:.3g} in epoch {epoch + 1}"
-            optimizer.zero_grad()
-            stats.loss.backward()
             if not math.isfinite(optimizer.clip_grad_norm(args.max_grad_norm)):
                 return {}, f"non-finite gradient in epoch {epoch + 1}"
             optimizer.step()
-            clipfracs.append(stats.clipfrac)
+            ratios.append(stats.ratio.detach())
         if args.target_kl is not None and stats.approx_kl > args.target_kl:
             break
     result = {f"losses/{k}": getattr(stats, k).item() for k in ("value_loss", "policy_loss", "entropy")}
     result |= {f"losses/{k}": getattr(stats, k).item() for k in ("old_approx_kl", "approx_kl")}
-    result["losses/clipfrac"] = torch.stack(clipfracs).mean().item()
+    result["losses/clipfrac"] = mean_clipfrac(ratios, args.clip_coef)
     values, returns = batch["values"].cpu().numpy(), batch["returns"].cpu().numpy()
     result["losses/explained_variance"] = explained_variance(values, returns)
     return result, None

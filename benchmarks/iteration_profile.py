@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ppo_continuous as ppo  # noqa: E402
+from gae import ppo_loss  # noqa: E402
 
 
 def plain_update(agent: ppo.Agent, optimizer: torch.optim.Optimizer, batch: dict, args: ppo.Args, ent_coef: float):
@@ -35,7 +36,7 @@ def plain_update(agent: ppo.Agent, optimizer: torch.optim.Optimizer, batch: dict
         for mb in torch.tensor_split(torch.randperm(len(batch["advantages"])), args.num_minibatches):
             logprob, entropy, value = agent.evaluate(batch["obs"][mb], batch["actions"][mb])
             old = [batch[k][mb] for k in ("logprobs", "advantages", "values", "returns")]
-            stats = ppo.ppo_loss(
+            stats = ppo_loss(
                 logprob, old[0], old[1], value, old[2], old[3], entropy, clip_coef=args.clip_coef,
                 clip_vloss=args.clip_vloss, ent_coef=ent_coef, vf_coef=args.vf_coef, norm_adv=args.norm_adv,
             )  # fmt: skip

@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "ppo_continuous.py"
 sys.path.insert(0, str(REPO))
 
+import gae  # noqa: E402
 import ppo_continuous  # noqa: E402
 from benchmarks.iteration_profile import plain_update  # noqa: E402
 
@@ -497,7 +498,7 @@ def test_stacked_adam_computes_what_the_plain_update_computes(discrete):
     def minibatch_loss(evaluate):
         logprob, entropy, value = evaluate(obs, actions)
         old = [batch[k][:32] for k in ("logprobs", "advantages", "values", "returns")]
-        return ppo_continuous.ppo_loss(logprob, old[0], old[1], value, old[2], old[3], entropy, clip_coef=0.2,
+        return gae.ppo_loss(logprob, old[0], old[1], value, old[2], old[3], entropy, clip_coef=0.2,
                                        clip_vloss=True, ent_coef=0.0, vf_coef=0.5).loss  # fmt: skip
 
     optimizer.zero_grad()
@@ -512,6 +513,39 @@ def test_stacked_adam_computes_what_the_plain_update_computes(discrete):
         assert int(saved["state"][i]["step"]) == int(state["step"]) == args.update_epochs * args.num_minibatches
         for key in ("exp_avg", "exp_avg_sq"):
             torch.testing.assert_close(saved["state"][i][key], state[key], rtol=1e-3, atol=1e-8)
+
+
+@pytest.mark.parametrize("clip_vloss", [False, True])
+@pytest.mark.parametrize("ent_coef", [0.0, 0.01])
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_analytic_backward_matches_autograd(clip_vloss, ent_coef, decoupled):
+    """Box actions take StackedAdam's written-out backward (no autograd): the same loss, the same gradient of every
+    parameter and the same diagnostics as autograd through the same nets, on a minibatch where both clips bite."""
+    agent = perturbed_agent(11, 3, False)
+    optimizer = ppo_continuous.StackedAdam(agent, lr=1e-3)
+    batch = random_batch(64, 11, 3, False)
+    with torch.no_grad():  # old log-probs and values near the current ones, so that some samples are clipped
+        logprobs, _, values = agent.evaluate(batch["obs"], batch["actions"])
+    g = torch.Generator().manual_seed(4)
+    minibatch = [batch["obs"], batch["actions"], logprobs + 0.5 * torch.randn(64, generator=g), batch["advantages"]]
+    minibatch += [values + 0.5 * torch.randn(64, generator=g), batch["returns"]]
+    kw = dict(clip_coef=0.2, clip_vloss=clip_vloss, ent_coef=ent_coef, vf_coef=0.5, norm_adv=True)
+    kw |= dict(behaviour_logprob=minibatch[2] + 0.3 * torch.randn(64, generator=g) if decoupled else None)
+    assert optimizer.analytic
+    written_out = optimizer.loss_and_gradients(*minibatch, **kw)
+    grads = optimizer.grads.clone()
+    optimizer.analytic = False
+    reference = optimizer.loss_and_gradients(*minibatch, **kw)
+    assert 0 < reference.clipfrac.item() < 1
+    for name in ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "old_approx_kl", "clipfrac"):
+        torch.testing.assert_close(getattr(written_out, name), getattr(reference, name).detach(), msg=name)
+    for name, fast, plain in zip(
+        [n for n, _ in agent.named_parameters()], optimizer.agent_views(grads), optimizer.agent_views(optimizer.grads)
+    ):
+        assert plain.abs().max() > 0, name
+        torch.testing.assert_close(fast, plain, rtol=1e-4, atol=1e-6, msg=name)
+    padding = optimizer.unflatten(grads)
+    assert not padding[4][1, 1:].any() and not padding[5][1, 0, 1:].any()  # the critic's padded outputs stay 0
 
 
 def test_stacked_adam_resumes_from_a_torch_adam_state():
