@@ -230,16 +230,17 @@ def check_spaces(env_id: str, env: gym.Env, allow_discrete: bool = False) -> tup
     return observation_space.shape[0], int(action_space.n) if discrete else action_space.shape[0], discrete
 
 
-def step_envs(envs: list[gym.Env], actions: np.ndarray):
-    """Step every env; an env whose episode ended is reset in the same call.
+def step_envs(envs: list[gym.Env], actions: np.ndarray, out: tuple[np.ndarray, ...] | None = None):
+    """Step every env; an env whose episode ended is reset in the same call. `out`: the (observations, rewards,
+    terminations, truncations) rows to fill, as the rollout passes its own arrays' rows, instead of new arrays.
 
     This is gymnasium's SAME_STEP autoreset written out: the returned observation of a finished env is the first one
     of its next episode, and `final_obs` maps its index to the last observation of the episode that ended, which the
     truncation bootstrap needs. (gymnasium's vector envs default to NEXT_STEP, where the step after an episode end
     is a fake transition that must not be trained on; stepping a list directly also skips about 80 us of vector-env
     bookkeeping per step.)"""
-    observations, rewards = None, np.zeros(len(envs))
-    terminations, truncations = np.zeros(len(envs), dtype=bool), np.zeros(len(envs), dtype=bool)
+    n = len(envs)
+    observations, rewards, terminations, truncations = out or (None, np.zeros(n), np.zeros(n, bool), np.zeros(n, bool))
     final_obs: dict[int, np.ndarray] = {}
     for i, (env, action) in enumerate(zip(envs, actions)):
         obs, rewards[i], terminations[i], truncations[i], _ = env.step(action)
@@ -247,7 +248,7 @@ def step_envs(envs: list[gym.Env], actions: np.ndarray):
             final_obs[i] = obs
             obs, _ = env.reset()
         if observations is None:
-            observations = np.empty((len(envs), *np.shape(obs)))
+            observations = np.empty((n, *np.shape(obs)))
         observations[i] = obs
     return observations, rewards, terminations, truncations, final_obs
 
@@ -336,7 +337,11 @@ class NumpyPolicy:
             actions = np.minimum((cumulative < u).sum(axis=1), out.shape[1] - 1)
             return actions, log_probs[np.arange(len(obs)), actions]
         noise = rng.standard_normal(out.shape)
-        return out + self.std * noise, -0.5 * (noise * noise).sum(axis=1) - self.logprob_offset
+        return out + self.std * noise, self.noise_logprob(noise)
+
+    def noise_logprob(self, noise: np.ndarray) -> np.ndarray:
+        """log pi(mean + std * noise): the Gaussian's log-density at the noise it drew (any leading shape)."""
+        return -0.5 * (noise * noise).sum(axis=-1) - self.logprob_offset
 
     def best_action(self, obs: np.ndarray) -> np.ndarray:
         out = self.actor(obs)
@@ -406,20 +411,26 @@ class Sampler:
     def rollout(self, num_steps: int) -> dict[str, np.ndarray]:
         start, num_envs, obs_dim = time.perf_counter(), len(self.envs), self.raw_obs.shape[1]
         shape = (num_steps, num_envs)
-        obs, raw_obs = np.zeros((*shape, obs_dim), np.float32), np.zeros((*shape, obs_dim))
+        obs, raw_obs = np.zeros((*shape, obs_dim), np.float32), np.zeros((num_steps + 1, num_envs, obs_dim))
+        raw_obs[0] = self.raw_obs  # the envs write each step's successor into the next row
         actions = np.zeros((*shape, *(() if self.discrete else self.low.shape)), np.float32)
         logprobs, rewards, returns = np.zeros(shape, np.float32), np.zeros(shape), np.zeros(shape)
         terminations, truncations = np.zeros(shape, bool), np.zeros(shape, bool)
         final_obs, final_index, episode_returns, episode_lengths = [], [], [], []
+        noise = None if self.discrete else self.rng.standard_normal((*shape, *self.low.shape))
         for step in range(num_steps):
-            raw_obs[step] = self.raw_obs
-            obs[step] = self.normalize(self.raw_obs)
+            obs[step] = self.normalize(raw_obs[step])
             # A NaN observation is masked out of training (normalize made its row NaN); the env still needs an action.
             acting_obs = np.nan_to_num(obs[step]) if np.isnan(obs[step, :, 0]).any() else obs[step]
-            action, logprobs[step] = self.policy.act(acting_obs, self.rng)
+            if self.discrete:
+                action, logprobs[step] = self.policy.act(acting_obs, self.rng)
+            else:  # NumpyPolicy.act with the rollout's noise drawn at once (the same stream) and log-probs after it
+                action = self.policy.actor(acting_obs) + self.policy.std * noise[step]
             actions[step] = action
             env_action = action if self.discrete else np.minimum(np.maximum(action, self.low), self.high)
-            self.raw_obs, rewards[step], terminations[step], truncations[step], final = step_envs(self.envs, env_action)
+            *_, final = step_envs(
+                self.envs, env_action, (raw_obs[step + 1], rewards[step], terminations[step], truncations[step])
+            )
             returns[step] = self.returns.step(rewards[step], terminations[step] | truncations[step])
             self.episode_returns += rewards[step]
             self.episode_lengths += 1
@@ -430,7 +441,10 @@ class Sampler:
                 episode_returns.append(self.episode_returns[i])
                 episode_lengths.append(self.episode_lengths[i])
                 self.episode_returns[i], self.episode_lengths[i] = 0.0, 0
-        obs_mean, obs_var, obs_count = finite_moments(raw_obs.reshape(-1, obs_dim))
+        if not self.discrete:
+            logprobs[:] = self.policy.noise_logprob(noise)
+        self.raw_obs = raw_obs[num_steps].copy()
+        obs_mean, obs_var, obs_count = finite_moments(raw_obs[:num_steps].reshape(-1, obs_dim))
         final_obs, final_index = np.array(final_obs, np.float32), np.array(final_index, np.int64).reshape(-1, 2)
         rollout = dict(obs=obs, actions=actions, logprobs=logprobs, rewards=rewards, discounted_returns=returns)
         rollout |= dict(terminations=terminations, truncations=truncations, final_index=final_index)

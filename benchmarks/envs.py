@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import gymnasium as gym
+from gymnasium.envs.classic_control.pendulum import PendulumEnv
 from gymnasium.envs.registration import register
 
 
@@ -22,7 +23,8 @@ class FixedLatency(gym.Wrapper):
 
 
 def make_slow_pendulum(latency_seconds: float = 0.005, **kwargs) -> gym.Env:
-    return FixedLatency(gym.make("Pendulum-v1", **kwargs), latency_seconds)
+    # The bare PendulumEnv: gym.make of this id adds the time limit and checks once (not twice, as through gym.make)
+    return FixedLatency(PendulumEnv(**kwargs), latency_seconds)
 
 
 register(id="SlowPendulum-v1", entry_point=make_slow_pendulum, max_episode_steps=200)
