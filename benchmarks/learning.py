@@ -29,6 +29,7 @@ import shutil
 import sys
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from throughput import (
@@ -42,7 +43,39 @@ from throughput import (
 )
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TARGETS = {"HalfCheetah-v5": 1500.0, "Hopper-v5": 2000.0, "Pendulum-v1": -600.0}
+TARGETS = {"HalfCheetah-v5": 1500.0, "Hopper-v5": 2000.0, "Pendulum-v1": -600.0, "Walker2d-v5": 2000.0}
+TARGETS |= {"InvertedPendulum-v5": 950.0, "Humanoid-v5": 700.0, "Pusher-v5": -45.0}
+TARGETS |= {"dm_control/cheetah-run-v0": 400.0, "dm_control/walker-walk-v0": 350.0}
+TARGETS |= {"dm_control/cartpole-swingup-v0": 600.0}
+# CleanRL's ppo_continuous_action.py as its docs publish it (tag pr-424): (mean, std, seeds, env steps). MuJoCo: v4
+# envs at 1M steps, as here. dm_control: its benchmark's 8M steps and 10 seeds, so a ceiling for a 1M-step run.
+CLEANRL = {
+    "HalfCheetah": (1442.64, 46.03, 3, "1M"),
+    "Walker2d": (2287.95, 571.78, 3, "1M"),
+    "Hopper": (2382.86, 271.74, 3, "1M"),
+    "InvertedPendulum": (963.09, 22.20, 3, "1M"),
+    "Humanoid": (716.11, 49.08, 3, "1M"),
+    "Pusher": (-40.38, 7.15, 3, "1M"),
+    "cheetah-run": (432.56, 82.54, 10, "8M"),
+    "walker-walk": (392.51, 56.25, 10, "8M"),
+    "cartpole-swingup": (640.86, 11.44, 10, "8M"),
+}
+
+
+def task_name(env_id: str) -> str:
+    """The env's name without its version or family prefix: HalfCheetah-v5 -> HalfCheetah, as CLEANRL keys them."""
+    return env_id.split("/")[-1].rsplit("-v", 1)[0]
+
+
+def family(env_id: str) -> str:
+    return "dm_control" if env_id.startswith("dm_control/") else "MuJoCo"
+
+
+def published_envs(rows: list[dict], name: str) -> list[str]:
+    """The envs of family `name` among the rows that CleanRL publishes a figure for, in the rows' order."""
+    return list(dict.fromkeys(r["env"] for r in rows if family(r["env"]) == name and task_name(r["env"]) in CLEANRL))
+
+
 COMMANDS = {
     "ppo": ["ppo_continuous.py"],
     "dppo_sync": ["dppo_ray.py", "--mode=sync"],
@@ -51,7 +84,10 @@ COMMANDS = {
 
 
 def run_missing(cfg: argparse.Namespace) -> None:
+    """Train every run that is not done: --jobs single-process runs (ppo, sb3) at a time, then each DPPO run with the
+    machine to itself (its actors and learner use every core)."""
     root = os.path.abspath(cfg.runs_root)
+    single, distributed = [], []
     for env_id in cfg.envs:
         for seed in range(1, cfg.seeds + 1):
             for impl in cfg.impls:
@@ -75,8 +111,32 @@ def run_missing(cfg: argparse.Namespace) -> None:
                         argv = [argv[0], f"--resume={os.path.join(folder, 'checkpoint.pt')}", "--quiet"]
                     elif status == "restart":
                         argv.append("--overwrite")
-                print(f"learning.py: {status} {impl} on {env_id}, seed {seed} ...", file=sys.stderr, flush=True)
-                timed_subprocess(f"{impl} on {env_id} seed {seed}", argv, cwd=os.path.dirname(root))
+                job = (f"{status} {impl} on {env_id}, seed {seed}", argv)
+                (distributed if impl.startswith("dppo") else single).append(job)
+    run_jobs(single, cfg.jobs, cwd=os.path.dirname(root))
+    run_jobs(distributed, 1, cwd=os.path.dirname(root))
+
+
+def run_jobs(jobs: list[tuple[str, list[str]]], parallel: int, cwd: str) -> None:
+    """Run (label, argv) jobs, `parallel` at a time. After a failure the others still finish (each is hours of
+    compute) before it is raised; after Ctrl-C, which the running trainers also get and answer with a checkpoint,
+    nothing new starts."""
+
+    def run(label: str, argv: list[str]) -> None:
+        print(f"learning.py: {label} ...", file=sys.stderr, flush=True)
+        timed_subprocess(label, argv, cwd=cwd)
+
+    pool = ThreadPoolExecutor(max_workers=parallel)
+    try:
+        futures = [pool.submit(run, *job) for job in jobs]
+        errors = [f.exception() for f in futures]
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown()
+    for error in errors:
+        if error is not None:
+            raise error
 
 
 def run_status(folder: str, cfg: argparse.Namespace) -> str:
@@ -187,6 +247,139 @@ def fmt_reach(values: list[float | None], unit: str) -> str:
     return f"{np.mean(reached) / scale:,.0f}{suffix} {unit} ({len(reached)}/{len(values)} seeds)"
 
 
+def reference_tables(rows: list[dict], impls: list[str]) -> list[str]:
+    """One table per env family: each implementation's final return (mean ± std over seeds) beside CleanRL's
+    published one, and the first implementation's gap to it in CleanRL's stds."""
+    lines = []
+    for name in ("MuJoCo", "dm_control"):
+        envs = list(
+            dict.fromkeys(r["env"] for r in rows if family(r["env"]) == name and task_name(r["env"]) in CLEANRL)
+        )
+        if not envs:
+            continue
+        present = [i for i in impls if any(r["impl"] == i and r["env"] in envs for r in rows)]
+        lines += [
+            "",
+            f"{name}: final return, mean ± std over seeds (seeds in brackets), against CleanRL's published",
+            "",
+        ]
+        lines += [f"| env | {' | '.join(present)} | CleanRL (published) | {present[0]} - CleanRL, in CleanRL stds |"]
+        lines += ["|---|" + "--:|" * (len(present) + 2)]
+        for env_id in envs:
+            mean, std, seeds, steps = CLEANRL[task_name(env_id)]
+            by_impl = {r["impl"]: r for r in rows if r["env"] == env_id}
+            cells = [
+                f"{by_impl[i]['final']:.0f} ± {by_impl[i]['final_std']:.0f} ({by_impl[i]['seeds']})" if i in by_impl
+                else "—" for i in present
+            ]  # fmt: skip
+            first = by_impl.get(present[0])
+            gap = f"{(first['final'] - mean) / std:+.1f}" if first else "—"
+            lines.append(
+                f"| {env_id} | {' | '.join(cells)} | {mean:.0f} ± {std:.0f} ({seeds}, {steps} steps) | {gap} |"
+            )
+    return lines
+
+
+def random_returns(env_ids: list[str], cache: str, episodes: int = 10) -> dict[str, float]:
+    """Mean return of uniformly random actions per env (the 0 of a normalized score), measured once and kept in
+    `cache` (a JSON file beside the runs)."""
+    import gymnasium as gym
+
+    known = {}
+    if os.path.isfile(cache):
+        with open(cache) as f:
+            known = json.load(f)
+    for env_id in [e for e in env_ids if e not in known]:
+        env, total = gym.make(env_id), 0.0
+        env.action_space.seed(0)
+        for episode in range(episodes):
+            env.reset(seed=episode)
+            done = False
+            while not done:
+                _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+                total, done = total + float(reward), terminated or truncated
+        env.close()
+        known[env_id] = total / episodes
+    os.makedirs(os.path.dirname(cache), exist_ok=True)
+    with open(cache, "w") as f:
+        json.dump(known, f, indent=1)
+    return known
+
+
+def normalized_scores(rows: list[dict], envs: list[str], impl: str, random: dict[str, float]) -> np.ndarray | None:
+    """(seeds, tasks) final returns scaled so that random actions score 0 and CleanRL's published mean 1; None unless
+    the implementation has the same number of seeds on every task (rliable's stratified bootstrap needs that)."""
+    by_env = {r["env"]: r for r in rows if r["impl"] == impl}
+    if any(e not in by_env for e in envs) or len({by_env[e]["seeds"] for e in envs}) != 1:
+        return None
+    columns = []
+    for env_id in envs:
+        zero, one = random[env_id], CLEANRL[task_name(env_id)][0]
+        columns.append((np.asarray(by_env[env_id]["finals"]) - zero) / (one - zero))
+    return np.stack(columns, axis=1)
+
+
+def aggregate_table(rows: list[dict], impls: list[str], random: dict[str, float], reps: int = 5000) -> list[str]:
+    """Interquartile mean and mean of the normalized scores across the tasks of each family, with 95% stratified-
+    bootstrap confidence intervals (rliable, Agarwal et al. 2021: the interquartile mean is robust to one outlier
+    seed, and its interval is honest about 3 seeds)."""
+    from rliable import library as rly
+    from rliable import metrics
+
+    lines = []
+    for name in ("MuJoCo", "dm_control"):
+        envs = list(
+            dict.fromkeys(r["env"] for r in rows if family(r["env"]) == name and task_name(r["env"]) in CLEANRL)
+        )
+        scores = {i: s for i in impls if (s := normalized_scores(rows, envs, i, random)) is not None}
+        if len(envs) < 2 or not scores:
+            continue
+        aggregate = lambda s: np.array([metrics.aggregate_iqm(s), metrics.aggregate_mean(s)])  # noqa: E731
+        points, intervals = rly.get_interval_estimates(scores, aggregate, reps=reps)
+        steps = ", ".join(sorted({CLEANRL[task_name(e)][3] for e in envs}))
+        lines += ["", f"{name}, {len(envs)} tasks: score = (return - random) / (CleanRL's published mean ({steps} "]
+        lines[-1] += "steps) - random); 95% stratified-bootstrap intervals (rliable)"
+        lines += ["", "| impl | seeds per task | IQM [95% CI] | mean [95% CI] |", "|---|--:|--:|--:|"]
+        for impl in scores:
+            (iqm, mean), (low, high) = points[impl], intervals[impl]
+            lines.append(
+                f"| {impl} | {scores[impl].shape[0]} | {iqm:.2f} [{low[0]:.2f}, {high[0]:.2f}] | "
+                f"{mean:.2f} [{low[1]:.2f}, {high[1]:.2f}] |"
+            )
+    return lines
+
+
+def plot_grid(curves: dict, cfg: argparse.Namespace, path: str) -> None:
+    """One panel per task: return against env steps, mean ± std over seeds for each implementation, and CleanRL's
+    published final return as a dashed line."""
+    import matplotlib.pyplot as plt
+
+    envs = [e for e in cfg.envs if any(k[0] == e for k in curves)]
+    columns = min(3, len(envs))
+    fig, axes = plt.subplots(-(-len(envs) // columns), columns, figsize=(4.2 * columns, 3.2 * -(-len(envs) // columns)))
+    axes = np.atleast_1d(axes).reshape(-1)
+    for ax, env_id in zip(axes, envs):
+        for impl in cfg.impls:
+            runs = curves.get((env_id, impl))
+            if runs:
+                grid = np.linspace(0, min(run[0][-1] for run in runs), 200)
+                ys = np.array([np.interp(grid, run[0], run[2]) for run in runs])
+                (line,) = ax.plot(grid, ys.mean(0), label=f"{impl} ({len(runs)} seeds)")
+                ax.fill_between(grid, ys.mean(0) - ys.std(0), ys.mean(0) + ys.std(0), alpha=0.2, color=line.get_color())
+        if task_name(env_id) in CLEANRL:
+            mean, _, _, steps = CLEANRL[task_name(env_id)]
+            ax.axhline(mean, color="gray", linestyle="--", linewidth=1, label=f"CleanRL, published ({steps} steps)")
+        ax.set_title(env_id, fontsize=9)
+        ax.set_xlabel("env steps")
+        ax.legend(fontsize=7)
+    for ax in axes[len(envs) :]:
+        ax.axis("off")
+    axes[0].set_ylabel("return (last 100 episodes)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="learning.py", description=__doc__, formatter_class=HelpFormatter)
     p.add_argument(
@@ -204,7 +397,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--runs-root", default="runs", help="where the runs' logs are, in the working directory (default: runs)"
     )
     p.add_argument("--group", default="bench", help="folder under --runs-root (default: bench)")
-    p.add_argument("--run", action="store_true", help="train the runs that have no logs yet, one after the other")
+    p.add_argument("--run", action="store_true", help="train the runs that are not done yet (see --jobs)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="with --run: single-process runs (ppo, sb3) at a time; DPPO runs always run alone (default: 1)",
+    )
     p.add_argument("--total-timesteps", type=int, default=1_000_000, help="per run, with --run (default: 1000000)")
     p.add_argument(
         "--num-steps",
@@ -228,6 +427,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="smoke test: trains Pendulum-v1, 1 seed, 8192 steps, in a temporary runs folder that it then deletes",
     )
     cfg = p.parse_args(argv)
+    if cfg.jobs < 1:
+        p.error("--jobs must be at least 1")
     unknown = [impl for impl in cfg.impls if impl not in (*COMMANDS, "sb3")]
     if (cfg.run or cfg.quick) and unknown:
         p.error(f"--run cannot train {' '.join(unknown)}: it trains {' '.join(COMMANDS)} sb3")
@@ -287,6 +488,11 @@ def main(argv: list[str] | None = None) -> int:
         for base, r in comparisons:
             p_value = permutation_pvalue(r["finals"], base["finals"])
             lines.append(f"| {r['env']} | {r['impl']} | {r['final'] - base['final']:+.0f} | {p_value:.2f} |")
+    lines += reference_tables(rows, cfg.impls)
+    scored = sorted({r["env"] for r in rows if task_name(r["env"]) in CLEANRL})
+    if len(scored) >= 2:
+        random = random_returns(scored, os.path.join(cfg.runs_root, cfg.group, "random_returns.json"))
+        lines += aggregate_table(rows, cfg.impls, random)
     with open(os.path.join(cfg.out_dir, "learning.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -295,6 +501,8 @@ def main(argv: list[str] | None = None) -> int:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    plot_grid(curves, cfg, os.path.join(cfg.out_dir, "learning_grid.png"))
 
     envs = [e for e in cfg.envs if any(k[0] == e for k in curves)]
     fig, axes = plt.subplots(len(envs), 2, figsize=(9, 3.2 * len(envs)), squeeze=False)
@@ -318,7 +526,8 @@ def main(argv: list[str] | None = None) -> int:
             ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(cfg.out_dir, "learning.png"), dpi=100)
-    print(f"wrote {relative_to_cwd(os.path.join(cfg.out_dir, 'learning.md'))} and learning.png", file=sys.stderr)
+    written = relative_to_cwd(os.path.join(cfg.out_dir, "learning.md"))
+    print(f"wrote {written}, learning.png and learning_grid.png", file=sys.stderr)
     return 0
 
 

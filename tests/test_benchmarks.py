@@ -56,7 +56,10 @@ def test_quick_mode_writes_table_and_plot(tmp_path, script, name, rows):
         assert row in table, f"{row!r} missing from {name}.md:\n{table}"
     png = (tmp_path / f"{name}.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 5000
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{name}.md", f"{name}.png"], "nothing else left behind"
+    grid = ["learning_grid.png"] if name == "learning" else []  # one panel per task
+    assert all((tmp_path / g).read_bytes().startswith(b"\x89PNG") for g in grid)
+    expected = sorted([f"{name}.md", f"{name}.png", *grid])
+    assert sorted(p.name for p in tmp_path.iterdir()) == expected, "nothing else left behind"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -315,3 +318,64 @@ def test_iteration_profile_quick_times_both_update_paths_and_the_rollout(tmp_pat
     assert all(float(x) > 0 for x in update.groups()) and 0 < int(rollout.group(3)) < 100
     bad = run_script("iteration_profile.py", "--quick", "--env-id", "NoSuchEnv-v0", cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("iteration_profile.py: error: cannot make env")
+
+
+def learning_rows(finals_by_task: dict[str, list[float]], impl: str = "ppo") -> list[dict]:
+    import numpy as np
+
+    rows = []
+    for env_id, finals in finals_by_task.items():
+        rows.append(dict(env=env_id, impl=impl, seeds=len(finals), finals=finals))
+        rows[-1] |= dict(final=float(np.mean(finals)), final_std=float(np.std(finals)))
+    return rows
+
+
+def test_learning_reference_table_sets_each_task_beside_cleanrl():
+    from learning import CLEANRL, reference_tables
+
+    rows = learning_rows({"Hopper-v5": [2000.0, 2400.0, 2800.0], "dm_control/cheetah-run-v0": [300.0, 340.0]})
+    rows += learning_rows({"Hopper-v5": [1000.0]}, impl="dppo_async")
+    table = "\n".join(reference_tables(rows, ["ppo", "dppo_async"]))
+    mean, std = CLEANRL["Hopper"][:2]
+    gap = (2400.0 - mean) / std
+    assert f"| Hopper-v5 | 2400 ± 327 (3) | 1000 ± 0 (1) | 2383 ± 272 (3, 1M steps) | {gap:+.1f} |" in table
+    assert "| dm_control/cheetah-run-v0 | 320 ± 20 (2) | 433 ± 83 (10, 8M steps) |" in table  # its own family
+    assert table.index("MuJoCo") < table.index("dm_control:")
+
+
+def test_learning_aggregate_is_rliables_iqm_of_normalized_scores():
+    """Scores: random actions 0, CleanRL's published mean 1. The IQM of a (seeds, tasks) matrix is the mean of its
+    middle 50% of runs (scipy's trim_mean at 25%), and its bootstrap interval holds it."""
+    import numpy as np
+    from learning import CLEANRL, aggregate_table, normalized_scores
+    from scipy.stats import trim_mean
+
+    finals = {"Hopper-v5": [1000.0, 2000.0, 3000.0], "Walker2d-v5": [500.0, 2500.0, 4000.0]}
+    finals["Pusher-v5"] = [-50.0, -45.0, -30.0]
+    random = {"Hopper-v5": 20.0, "Walker2d-v5": 0.0, "Pusher-v5": -150.0}
+    rows = learning_rows(finals)
+    scores = normalized_scores(rows, list(finals), "ppo", random)
+    expected = np.stack(
+        [(np.array(f) - random[e]) / (CLEANRL[e.split("-v")[0]][0] - random[e]) for e, f in finals.items()], axis=1
+    )
+    np.testing.assert_allclose(scores, expected)
+    assert scores[2, 2] == pytest.approx((-30.0 + 150.0) / (-40.38 + 150.0))  # better than CleanRL on Pusher: > 1
+    assert normalized_scores(rows[:2] + learning_rows({"Pusher-v5": [-40.0]}), list(finals), "ppo", random) is None
+    line = [row for row in aggregate_table(rows, ["ppo"], random, reps=500) if row.startswith("| ppo |")][0]
+    iqm, low, high = (float(x) for x in re.search(r"\| ([\d.]+) \[([\d.]+), ([\d.]+)\] \|", line).groups())
+    assert iqm == pytest.approx(trim_mean(expected.reshape(-1), 0.25), abs=0.005)
+    assert low <= iqm <= high and low < high
+
+
+def test_learning_jobs_run_side_by_side_and_a_failure_does_not_stop_the_others(tmp_path):
+    from learning import run_jobs
+    from throughput import BenchError
+
+    # the first job waits until the second has written its file, so it passes only if both run at once
+    wait = f"import os, time\nend = time.time() + 60\nwhile not os.path.exists({str(tmp_path / 'b')!r}):\n"
+    wait += "    time.sleep(0.05)\n    if time.time() > end: raise SystemExit('b never ran beside me')\nopen('a', 'w')"
+    jobs = [("a", ["-c", wait]), ("b", ["-c", "open('b', 'w')"]), ("bad", ["-c", "raise SystemExit(3)"])]
+    jobs += [("c", ["-c", "open('c', 'w')"])]
+    with pytest.raises(BenchError, match="bad failed"):
+        run_jobs(jobs, 2, cwd=str(tmp_path))
+    assert all((tmp_path / name).exists() for name in "abc")
