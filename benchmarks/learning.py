@@ -123,7 +123,8 @@ def run_jobs(jobs: list[tuple[str, list[str]]], parallel: int, cwd: str) -> None
     nothing new starts."""
 
     def run(label: str, argv: list[str]) -> None:
-        print(f"learning.py: {label} ...", file=sys.stderr, flush=True)
+        sys.stderr.write(f"learning.py: {label} ...\n")  # one write: jobs running side by side print whole lines
+        sys.stderr.flush()
         timed_subprocess(label, argv, cwd=cwd)
 
     pool = ThreadPoolExecutor(max_workers=parallel)

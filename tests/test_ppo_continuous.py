@@ -459,6 +459,34 @@ def test_learns_pendulum(tmp_path):
     assert float(evaluation.stdout.split("mean return ")[1].split(" ")[0]) > -700
 
 
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])
+def test_rollout_log_probs_and_actions_are_the_policys(env_id):
+    """The rollout draws its noise for all steps at once and computes the log-probabilities after it: the stored
+    log-probs must be the learner's for the stored (obs, action) pairs, and the actions those that NumpyPolicy.act
+    draws step by step from the same generator."""
+    args = ppo_continuous.Args(env_id=env_id)
+    sampler = ppo_continuous.Sampler(env_id, 2, 0, args)
+    obs_dim, act_dim, discrete = ppo_continuous.check_spaces(env_id, sampler.envs[0], allow_discrete=True)
+    agent = perturbed_agent(obs_dim, act_dim, discrete)
+    obs_rms = ppo_continuous.RunningMeanStd(shape=(obs_dim,))
+    obs_rms.update_from_moments(*sampler.warm_up(32))
+    sampler.set_policy(ppo_continuous.policy_weights(agent, obs_rms), 0)
+    replay = np.random.default_rng()
+    replay.bit_generator.state = sampler.rng.bit_generator.state
+    rollout = sampler.rollout(300)  # Pendulum's episodes end at 200: an episode end inside the rollout
+    assert rollout["truncations"].any() or rollout["terminations"].any()
+    obs = torch.from_numpy(rollout["obs"].reshape(600, obs_dim))
+    actions = torch.from_numpy(rollout["actions"].reshape(600, *rollout["actions"].shape[2:]))
+    learner_logprobs, _, _ = agent.evaluate(obs, actions)
+    np.testing.assert_allclose(rollout["logprobs"].reshape(-1), learner_logprobs.detach().numpy(), rtol=1e-4, atol=1e-4)
+    if not discrete:  # the same stream of noise as one draw per step (discrete actions draw per step anyway)
+        noise = np.stack([replay.standard_normal((2, act_dim)) for _ in range(300)])
+        policy = ppo_continuous.NumpyPolicy(ppo_continuous.policy_weights(agent, obs_rms))
+        expected = policy.actor(rollout["obs"].reshape(600, obs_dim)) + policy.std * noise.reshape(600, act_dim)
+        np.testing.assert_allclose(rollout["actions"].reshape(600, act_dim), expected, rtol=1e-5, atol=1e-5)
+    sampler.close()
+
+
 def random_batch(n: int, obs_dim: int, act_dim: int, discrete: bool) -> dict:
     g = torch.Generator().manual_seed(3)
     actions = torch.randint(0, act_dim, (n,), generator=g).float() if discrete else torch.randn(n, act_dim, generator=g)
