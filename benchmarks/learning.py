@@ -12,10 +12,14 @@ implementations compare like for like. The table gives the final value (mean ± 
 steps and in seconds, at which each run first reached the target return (the DPPO notes ask for both: return at a
 fixed budget, and time to a fixed return). A second table compares each implementation's final return with the first
 one in --impls (an exact permutation test over seeds; a small p means the gap is larger than seed noise).
-Writes <out-dir>/learning.md and <out-dir>/learning.png. The default <out-dir> is a new folder
-benchmarks/results/local/<UTC date-time>/, which git ignores; --update-committed writes into benchmarks/results/.
---run trains every missing run one after the other: runs of 1M steps (the default) took 10 to 15 minutes for ppo and
-DPPO, 32 to 34 for SB3, on 2 CPU cores; the defaults (4 impls, 2 envs, 2 seeds) are 16 runs, about 4 to 5 hours.
+For tasks that CleanRL publishes figures for (MuJoCo at 1M steps, dm_control at 8M), one more table per env family
+sets each implementation beside CleanRL's figure, and an aggregate gives the interquartile mean of the scores
+normalized between random actions (0) and CleanRL's mean (1), with stratified-bootstrap intervals (rliable).
+Writes <out-dir>/learning.md, learning.png (return against steps and against seconds) and learning_grid.png (one panel
+per task); --name changes the name. The default <out-dir> is a new folder benchmarks/results/local/<UTC date-time>/,
+which git ignores; --update-committed writes into benchmarks/results/.
+--run trains what is missing: --jobs single-process runs (ppo, sb3) at a time, then each DPPO run alone. Runs of 1M
+steps took 4 to 6 minutes for ppo two at a time on 2 cores (2026-12-01), 32 to 34 for SB3.
 """
 
 from __future__ import annotations
@@ -421,7 +425,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         + ", ".join(f"{env} {target:g}" for env, target in TARGETS.items())
         + ")",
     )
-    add_output_args(p, "learning.md and learning.png")
+    add_output_args(p, "learning.md, learning.png and learning_grid.png")
+    p.add_argument("--name", default="learning", help="file name of the table and plots, without extension")
     p.add_argument(
         "--quick",
         action="store_true",
@@ -494,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(scored) >= 2:
         random = random_returns(scored, os.path.join(cfg.runs_root, cfg.group, "random_returns.json"))
         lines += aggregate_table(rows, cfg.impls, random)
-    with open(os.path.join(cfg.out_dir, "learning.md"), "w") as f:
+    with open(os.path.join(cfg.out_dir, f"{cfg.name}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -503,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plot_grid(curves, cfg, os.path.join(cfg.out_dir, "learning_grid.png"))
+    plot_grid(curves, cfg, os.path.join(cfg.out_dir, f"{cfg.name}_grid.png"))
 
     envs = [e for e in cfg.envs if any(k[0] == e for k in curves)]
     fig, axes = plt.subplots(len(envs), 2, figsize=(9, 3.2 * len(envs)), squeeze=False)
@@ -526,9 +531,9 @@ def main(argv: list[str] | None = None) -> int:
             ax.set_title(env_id, fontsize=9)
             ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(os.path.join(cfg.out_dir, "learning.png"), dpi=100)
-    written = relative_to_cwd(os.path.join(cfg.out_dir, "learning.md"))
-    print(f"wrote {written}, learning.png and learning_grid.png", file=sys.stderr)
+    fig.savefig(os.path.join(cfg.out_dir, f"{cfg.name}.png"), dpi=100)
+    written = relative_to_cwd(os.path.join(cfg.out_dir, f"{cfg.name}.md"))
+    print(f"wrote {written}, {cfg.name}.png and {cfg.name}_grid.png", file=sys.stderr)
     return 0
 
 
