@@ -85,22 +85,16 @@ class PPOLoss(NamedTuple):
 
     # The diagnostics are computed when read: the update reads them once per epoch, not once per minibatch.
     @property
-    def old_approx_kl(self) -> torch.Tensor:
-        """mean(-log r), the naive KL estimator."""
-        with torch.no_grad():
-            return (-self.logratio).mean()
+    def old_approx_kl(self) -> torch.Tensor:  # mean(-log r), the naive KL estimator
+        return (-self.logratio.detach()).mean()
 
     @property
-    def approx_kl(self) -> torch.Tensor:
-        """mean((r - 1) - log r), the unbiased low-variance "k3" estimator."""
-        with torch.no_grad():
-            return ((self.ratio - 1.0) - self.logratio).mean()
+    def approx_kl(self) -> torch.Tensor:  # mean((r - 1) - log r), the unbiased low-variance "k3" estimator
+        return ((self.ratio.detach() - 1.0) - self.logratio.detach()).mean()
 
     @property
-    def clipfrac(self) -> torch.Tensor:
-        """Share of samples whose ratio left [1 - clip, 1 + clip]."""
-        with torch.no_grad():
-            return ((self.ratio - 1.0).abs() > self.clip_coef).float().mean()
+    def clipfrac(self) -> torch.Tensor:  # share of samples whose ratio left [1 - clip, 1 + clip]
+        return ((self.ratio.detach() - 1.0).abs() > self.clip_coef).float().mean()
 
 
 def ppo_loss(
@@ -301,30 +295,3 @@ def advantage_outliers(
         if mad > 0:
             bad |= valid & ~bad & (np.abs(advantages - median) > mad_factor * mad)
     return bad
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Health diagnostics (the PPO notes: entropy falls slowly, explained variance >= ~0.85, approx_kl around 0.01)
-# ---------------------------------------------------------------------------------------------------------------------
-def health_warnings(history: dict[str, list[float]], warmed_up: bool, act_dim: int) -> list[tuple[str, str]]:
-    """(name, advice) for each problem the recent update statistics show."""
-    found = []
-    entropy, kl, ev = history["entropy"], history["approx_kl"], history["explained_variance"]
-    if len(entropy) > 10 and (entropy[-11] - entropy[-1]) / act_dim > 0.5:
-        drop = (entropy[-11] - entropy[-1]) / act_dim
-        advice = "raise --ent-coef (e.g. 0.005) or lower --update-epochs / --learning-rate"
-        found.append(
-            ("entropy_collapse", f"entropy is collapsing ({drop:.2f} nats per action dim in 10 updates): {advice}")
-        )
-    if len(kl) >= 5 and min(kl[-5:]) > 0.02:
-        advice = "lower --learning-rate or set --target-kl 0.02"
-        found.append(("high_kl", f"approx_kl has stayed above 0.02 for 5 updates (now {kl[-1]:.3f}): {advice}"))
-    if warmed_up and ev and ev[-1] < 0:
-        advice = "check the reward scale (--norm-reward) or raise --vf-coef"
-        found.append(
-            (
-                "low_explained_variance",
-                f"explained_variance is {ev[-1]:.2f} < 0 after warm-up, the critic is worse than a constant: {advice}",
-            )
-        )
-    return found

@@ -14,6 +14,7 @@ checkpoints and evaluation from here and adds only what distribution needs. The 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import os
 import sys
@@ -202,6 +203,8 @@ def make_env(env_id: str, capture_video: bool = False, video_dir: str = "") -> g
     """gym.make, with a Dict or Tuple observation (dm_control's, say) flattened into one vector; `env.obs_layout`
     records how (see observation_layout), and is saved with the policy."""
     try:
+        if env_id.startswith("dm_control/"):  # gymnasium 1.x loads no plugins: Shimmy registers these ids on import
+            importlib.import_module("shimmy")
         env = gym.make(env_id, render_mode="rgb_array") if capture_video else gym.make(env_id)
     except (gym.error.Error, ModuleNotFoundError, ImportError) as e:
         raise UsageError(f"cannot make env '{env_id}': {str(e).splitlines()[0]}") from None

@@ -24,8 +24,6 @@ import torch
 import tyro
 from tqdm import tqdm
 
-from gae import health_warnings
-
 PROG = os.path.basename(sys.argv[0]) if sys.argv[0].endswith(".py") else "ppo_continuous.py"
 
 
@@ -254,6 +252,33 @@ class TrainingLoop:
 
     def exit_status(self) -> int:
         return {"completed": 0, "stopped_by_guard": 1}.get(self.status, 128 + (self.signum or signal.SIGINT))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Health diagnostics (the PPO notes: entropy falls slowly, explained variance >= ~0.85, approx_kl around 0.01)
+# ---------------------------------------------------------------------------------------------------------------------
+def health_warnings(history: dict[str, list[float]], warmed_up: bool, act_dim: int) -> list[tuple[str, str]]:
+    """(name, advice) for each problem the recent update statistics show."""
+    found = []
+    entropy, kl, ev = history["entropy"], history["approx_kl"], history["explained_variance"]
+    if len(entropy) > 10 and (entropy[-11] - entropy[-1]) / act_dim > 0.5:
+        drop = (entropy[-11] - entropy[-1]) / act_dim
+        advice = "raise --ent-coef (e.g. 0.005) or lower --update-epochs / --learning-rate"
+        found.append(
+            ("entropy_collapse", f"entropy is collapsing ({drop:.2f} nats per action dim in 10 updates): {advice}")
+        )
+    if len(kl) >= 5 and min(kl[-5:]) > 0.02:
+        advice = "lower --learning-rate or set --target-kl 0.02"
+        found.append(("high_kl", f"approx_kl has stayed above 0.02 for 5 updates (now {kl[-1]:.3f}): {advice}"))
+    if warmed_up and ev and ev[-1] < 0:
+        advice = "check the reward scale (--norm-reward) or raise --vf-coef"
+        found.append(
+            (
+                "low_explained_variance",
+                f"explained_variance is {ev[-1]:.2f} < 0 after warm-up, the critic is worse than a constant: {advice}",
+            )
+        )
+    return found
 
 
 class Monitor:

@@ -21,11 +21,11 @@ from gae import (
     explained_variance,
     finite_moments,
     finite_samples,
-    health_warnings,
     mean_clipfrac,
     ppo_loss,
     scale_rewards,
 )
+from run_utils import health_warnings  # the advice Monitor prints; tested here with the math it reads
 
 GAMMA, LAM = 0.9, 0.8  # gamma * lambda = 0.72
 
