@@ -83,7 +83,7 @@ class StackedAdam:
             stats = ppo_loss(
                 new_logprob, old_logprob, advantages, new_value, old_values, returns, entropy, **loss_kwargs
             )
-            self.grads.zero_()
+            self.zero_grad()
             stats.loss.backward()
             return stats
         with torch.no_grad():
