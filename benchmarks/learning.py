@@ -115,21 +115,22 @@ def run_missing(cfg: argparse.Namespace) -> None:
                         argv = [argv[0], f"--resume={os.path.join(folder, 'checkpoint.pt')}", "--quiet"]
                     elif status == "restart":
                         argv.append("--overwrite")
-                job = (f"{status} {impl} on {env_id}, seed {seed}", argv)
+                python = sys.executable if impl == "sb3" else cfg.python  # SB3 runs in this venv
+                job = (f"{status} {impl} on {env_id}, seed {seed}", argv, python)
                 (distributed if impl.startswith("dppo") else single).append(job)
     run_jobs(single, cfg.jobs, cwd=os.path.dirname(root))
     run_jobs(distributed, 1, cwd=os.path.dirname(root))
 
 
-def run_jobs(jobs: list[tuple[str, list[str]]], parallel: int, cwd: str) -> None:
-    """Run (label, argv) jobs, `parallel` at a time. After a failure the others still finish (each is hours of
-    compute) before it is raised; after Ctrl-C, which the running trainers also get and answer with a checkpoint,
-    nothing new starts."""
+def run_jobs(jobs: list[tuple], parallel: int, cwd: str) -> None:
+    """Run (label, argv) or (label, argv, python) jobs, `parallel` at a time. After a failure the others still finish
+    (each is hours of compute) before it is raised; after Ctrl-C, which the running trainers also get and answer with a
+    checkpoint, nothing new starts."""
 
-    def run(label: str, argv: list[str]) -> None:
+    def run(label: str, argv: list[str], python: str = sys.executable) -> None:
         sys.stderr.write(f"learning.py: {label} ...\n")  # one write: jobs running side by side print whole lines
         sys.stderr.flush()
-        timed_subprocess(label, argv, cwd=cwd)
+        timed_subprocess(label, argv, cwd=cwd, python=python)
 
     pool = ThreadPoolExecutor(max_workers=parallel)
     try:
@@ -285,26 +286,35 @@ def reference_tables(rows: list[dict], impls: list[str]) -> list[str]:
     return lines
 
 
-def random_returns(env_ids: list[str], cache: str, episodes: int = 10) -> dict[str, float]:
-    """Mean return of uniformly random actions per env (the 0 of a normalized score), measured once and kept in
-    `cache` (a JSON file beside the runs)."""
-    import gymnasium as gym
+RANDOM_RETURN = """
+import sys, gymnasium as gym
+env_id, episodes = sys.argv[1], int(sys.argv[2])
+if env_id.startswith("dm_control/"):
+    import shimmy  # noqa: F401  (registers the dm_control ids)
+env, total = gym.make(env_id), 0.0
+env.action_space.seed(0)
+for episode in range(episodes):
+    env.reset(seed=episode)
+    done = False
+    while not done:
+        _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+        total, done = total + float(reward), terminated or truncated
+print(total / episodes)
+"""
 
+
+def random_returns(env_ids: list[str], cache: str, python: str, episodes: int = 10) -> dict[str, float]:
+    """Mean return of uniformly random actions per env (the 0 of a normalized score), measured once with the runs'
+    interpreter (dm_control's envs may exist only in another venv) and kept in `cache` (a JSON file beside the runs)."""
     known = {}
     if os.path.isfile(cache):
         with open(cache) as f:
             known = json.load(f)
     for env_id in [e for e in env_ids if e not in known]:
-        env, total = gym.make(env_id), 0.0
-        env.action_space.seed(0)
-        for episode in range(episodes):
-            env.reset(seed=episode)
-            done = False
-            while not done:
-                _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
-                total, done = total + float(reward), terminated or truncated
-        env.close()
-        known[env_id] = total / episodes
+        stdout, _ = timed_subprocess(
+            f"random actions on {env_id}", ["-c", RANDOM_RETURN, env_id, str(episodes)], cwd=REPO, python=python
+        )
+        known[env_id] = float(stdout.split()[-1])
     os.makedirs(os.path.dirname(cache), exist_ok=True)
     with open(cache, "w") as f:
         json.dump(known, f, indent=1)
@@ -409,6 +419,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=1,
         help="with --run: single-process runs (ppo, sb3) at a time; DPPO runs always run alone (default: 1)",
     )
+    p.add_argument(
+        "--python",
+        default=sys.executable,
+        help="the interpreter of the ppo and DPPO runs (with --run) and of the random-action returns, e.g. a venv's "
+        "bin/python with mujoco==3.17.0 and shimmy[dm-control] for the dm_control envs (default: this one)",
+    )
     p.add_argument("--total-timesteps", type=int, default=1_000_000, help="per run, with --run (default: 1000000)")
     p.add_argument(
         "--num-steps",
@@ -435,6 +451,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cfg = p.parse_args(argv)
     if cfg.jobs < 1:
         p.error("--jobs must be at least 1")
+    if shutil.which(cfg.python) is None:
+        p.error(f"--python {cfg.python}: no such executable")
     unknown = [impl for impl in cfg.impls if impl not in (*COMMANDS, "sb3")]
     if (cfg.run or cfg.quick) and unknown:
         p.error(f"--run cannot train {' '.join(unknown)}: it trains {' '.join(COMMANDS)} sb3")
@@ -497,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += reference_tables(rows, cfg.impls)
     scored = sorted({r["env"] for r in rows if task_name(r["env"]) in CLEANRL})
     if len(scored) >= 2:
-        random = random_returns(scored, os.path.join(cfg.runs_root, cfg.group, "random_returns.json"))
+        random = random_returns(scored, os.path.join(cfg.runs_root, cfg.group, "random_returns.json"), cfg.python)
         lines += aggregate_table(rows, cfg.impls, random)
     with open(os.path.join(cfg.out_dir, f"{cfg.name}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

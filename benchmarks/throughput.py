@@ -236,7 +236,10 @@ def timed_subprocess(
     env.update(extra_env or {})
     cmd = [python, *argv]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    except OSError as e:  # no such interpreter, or not executable
+        raise BenchError(f"{name} could not start: {e}  [command: {shlex.join(cmd)}]") from None
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         lines = [line for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]

@@ -379,3 +379,30 @@ def test_learning_jobs_run_side_by_side_and_a_failure_does_not_stop_the_others(t
     with pytest.raises(BenchError, match="bad failed"):
         run_jobs(jobs, 2, cwd=str(tmp_path))
     assert all((tmp_path / name).exists() for name in "abc")
+
+
+def test_learning_random_returns_run_in_the_given_interpreter_and_are_cached(tmp_path):
+    import gymnasium as gym
+    from learning import random_returns
+
+    env = gym.make("Pendulum-v1")
+    env.action_space.seed(0)
+    expected = 0.0
+    for episode in range(2):
+        env.reset(seed=episode)
+        done = False
+        while not done:
+            _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+            expected, done = expected + float(reward), terminated or truncated
+    cache = tmp_path / "group" / "random_returns.json"
+    assert random_returns(["Pendulum-v1"], str(cache), sys.executable, episodes=2) == {
+        "Pendulum-v1": pytest.approx(expected / 2)
+    }
+    # measured once: a second call reads the cache and never starts the (here missing) interpreter
+    assert random_returns(["Pendulum-v1"], str(cache), str(tmp_path / "no-python"))["Pendulum-v1"] == pytest.approx(
+        expected / 2
+    )
+    from throughput import BenchError
+
+    with pytest.raises(BenchError, match="random actions on CartPole-v1"):
+        random_returns(["CartPole-v1"], str(cache), str(tmp_path / "no-python"))
