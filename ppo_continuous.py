@@ -49,12 +49,14 @@ from run_utils import (
     load_checkpoint,
     observation_layout,
     quiet_mujoco_log,
+    require_positive,
     resume_checkpoint,
     resumed_args,
     run_folder,
     save_atomic,
     seed_everything,
     start_run,
+    step_envs,
 )
 from stacked_adam import StackedAdam
 
@@ -165,13 +167,6 @@ class Args:
     """the number of iterations (computed in runtime)"""
 
 
-def require_positive(args: Args, names: list[str]) -> None:
-    """Each named flag must be > 0 (a flag left at None, meaning "default", passes)."""
-    for name in names:
-        if getattr(args, name) is not None and not getattr(args, name) > 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-
-
 def validate_args(args: Args, batch_shape: str | None = None) -> None:
     positive = ["total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"]
     positive += ["guard_patience", "torch_threads", "learning_rate", "clip_coef", "obs_clip", "reward_clip"]
@@ -231,29 +226,6 @@ def check_spaces(env_id: str, env: gym.Env, allow_discrete: bool = False) -> tup
     if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
         raise UsageError(f"{env_id} has observation space {observation_space}; a Box, Dict or Tuple is needed")
     return observation_space.shape[0], int(action_space.n) if discrete else action_space.shape[0], discrete
-
-
-def step_envs(envs: list[gym.Env], actions: np.ndarray, out: tuple[np.ndarray, ...] | None = None):
-    """Step every env; an env whose episode ended is reset in the same call. `out`: the (observations, rewards,
-    terminations, truncations) rows to fill, as the rollout passes its own arrays' rows, instead of new arrays.
-
-    This is gymnasium's SAME_STEP autoreset written out: the returned observation of a finished env is the first one
-    of its next episode, and `final_obs` maps its index to the last observation of the episode that ended, which the
-    truncation bootstrap needs. (gymnasium's vector envs default to NEXT_STEP, where the step after an episode end
-    is a fake transition that must not be trained on; stepping a list directly also skips about 80 us of vector-env
-    bookkeeping per step.)"""
-    n = len(envs)
-    observations, rewards, terminations, truncations = out or (None, np.zeros(n), np.zeros(n, bool), np.zeros(n, bool))
-    final_obs: dict[int, np.ndarray] = {}
-    for i, (env, action) in enumerate(zip(envs, actions)):
-        obs, rewards[i], terminations[i], truncations[i], _ = env.step(action)
-        if terminations[i] or truncations[i]:
-            final_obs[i] = obs
-            obs, _ = env.reset()
-        if observations is None:
-            observations = np.empty((n, *np.shape(obs)))
-        observations[i] = obs
-    return observations, rewards, terminations, truncations, final_obs
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -351,16 +323,20 @@ class NumpyPolicy:
         return out.argmax(axis=1) if self.discrete else out
 
 
-def normalize_obs(raw: np.ndarray, mean: np.ndarray | None, std: np.ndarray | None, clip: float) -> np.ndarray:
-    """(raw - mean) / std, clipped; None statistics leave the observation raw. A row holding NaN or inf becomes all
-    NaN, so that the guard masks it whatever the clip made of it. (Written with minimum/maximum: np.clip's Python
-    wrapper costs more than the arithmetic, and this runs every env step.)"""
-    x = raw.astype(np.float32) if mean is None else ((raw - mean) / std).astype(np.float32)
-    if mean is not None:
+def normalize_obs(
+    raw: np.ndarray, mean: np.ndarray | None, std: np.ndarray | None, clip: float, out: np.ndarray | None = None
+) -> np.ndarray:
+    """(raw - mean) / std, clipped, as float32 (into `out` if given); None statistics leave the observation raw. A row
+    holding NaN or inf becomes all NaN, so that the guard masks it whatever the clip made of it. (Written with
+    minimum/maximum: np.clip's Python wrapper costs more than the arithmetic, and this runs every env step.)"""
+    x = np.empty(raw.shape, np.float32) if out is None else out
+    if mean is None:
+        x[...] = raw
+    else:
+        np.divide(raw - mean, std, out=x, casting="same_kind")  # in float64, then rounded once
         np.minimum(np.maximum(x, -clip, out=x), clip, out=x)
-    finite = np.isfinite(raw)
-    if not finite.all():
-        x[~finite.all(axis=-1)] = np.nan
+    if not np.isfinite(raw).all():
+        x[~np.isfinite(raw).all(axis=-1)] = np.nan
     return x
 
 
@@ -393,8 +369,8 @@ class Sampler:
             self.obs_mean, self.obs_std = weights["obs_mean"], np.sqrt(weights["obs_var"] + 1e-8)
         return version
 
-    def normalize(self, raw: np.ndarray) -> np.ndarray:
-        return normalize_obs(raw, self.obs_mean, self.obs_std, self.obs_clip)
+    def normalize(self, raw: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        return normalize_obs(raw, self.obs_mean, self.obs_std, self.obs_clip, out)
 
     def warm_up(self, steps: int) -> tuple[np.ndarray, np.ndarray, int]:
         """Moments of the observations met in `steps` random-action steps per env; then every env starts afresh."""
@@ -419,10 +395,10 @@ class Sampler:
         actions = np.zeros((*shape, *(() if self.discrete else self.low.shape)), np.float32)
         logprobs, rewards, returns = np.zeros(shape, np.float32), np.zeros(shape), np.zeros(shape)
         terminations, truncations = np.zeros(shape, bool), np.zeros(shape, bool)
-        final_obs, final_index, episode_returns, episode_lengths = [], [], [], []
+        final_obs, final_index = [], []
         noise = None if self.discrete else self.rng.standard_normal((*shape, *self.low.shape))
         for step in range(num_steps):
-            obs[step] = self.normalize(raw_obs[step])
+            self.normalize(raw_obs[step], out=obs[step])
             # A NaN observation is masked out of training (normalize made its row NaN); the env still needs an action.
             acting_obs = np.nan_to_num(obs[step]) if np.isnan(obs[step, :, 0]).any() else obs[step]
             if self.discrete:
@@ -435,17 +411,13 @@ class Sampler:
                 self.envs, env_action, (raw_obs[step + 1], rewards[step], terminations[step], truncations[step])
             )
             returns[step] = self.returns.step(rewards[step], terminations[step] | truncations[step])
-            self.episode_returns += rewards[step]
-            self.episode_lengths += 1
             for i, last_obs in final.items():
                 if truncations[step, i] and not terminations[step, i]:
                     final_obs.append(self.normalize(last_obs))
                     final_index.append((step, i))
-                episode_returns.append(self.episode_returns[i])
-                episode_lengths.append(self.episode_lengths[i])
-                self.episode_returns[i], self.episode_lengths[i] = 0.0, 0
         if not self.discrete:
             logprobs[:] = self.policy.noise_logprob(noise)
+        episode_returns, episode_lengths = self.finished_episodes(rewards, terminations | truncations)
         self.raw_obs = raw_obs[num_steps].copy()
         obs_mean, obs_var, obs_count = finite_moments(raw_obs[:num_steps].reshape(-1, obs_dim))
         final_obs, final_index = np.array(final_obs, np.float32), np.array(final_index, np.int64).reshape(-1, 2)
@@ -457,6 +429,18 @@ class Sampler:
         return rollout | dict(
             policy_version=np.array(self.version), sample_seconds=np.array(time.perf_counter() - start)
         )
+
+    def finished_episodes(self, rewards: np.ndarray, ended: np.ndarray) -> tuple[list[float], list[int]]:
+        """Return and length of every episode that ended in this rollout, in the order they ended; the unfinished
+        ones' sums carry over to the next rollout. (Once per rollout rather than two array updates per step.)"""
+        returns, lengths, start = [], [], np.zeros(len(self.envs), np.int64)
+        for step, i in zip(*np.nonzero(ended)):
+            returns.append(self.episode_returns[i] + rewards[start[i] : step + 1, i].sum())
+            lengths.append(self.episode_lengths[i] + step + 1 - start[i])
+            self.episode_returns[i], self.episode_lengths[i], start[i] = 0.0, 0, step + 1
+        self.episode_returns += [rewards[first:, i].sum() for i, first in enumerate(start)]
+        self.episode_lengths += len(rewards) - start
+        return returns, lengths
 
     def close(self) -> None:
         for env in self.envs:

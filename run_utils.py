@@ -1,5 +1,6 @@
-"""Run bookkeeping shared by ppo_continuous.py and dppo_ray.py: errors, checkpoint files, the run folder and its
-TensorBoard writer, logging with the guard's counters and health warnings, Ctrl-C/SIGTERM, and summary.json.
+"""Run bookkeeping shared by ppo_continuous.py and dppo_ray.py: errors and flag checks, checkpoint files, the run folder
+and its TensorBoard writer, logging with the guard's counters and health warnings, Ctrl-C/SIGTERM, summary.json, and
+stepping a list of envs.
 
 None of this is the algorithm (that is gae.py and ppo_continuous.py); it is what makes a run safe to interrupt,
 resume and compare.
@@ -392,3 +393,34 @@ def finish_run(args, run_dir: str, monitor: Monitor, status: str, global_step: i
     elif status == "completed" and args.save_model:
         line += f"; evaluate with: python {PROG} --eval-checkpoint {model_path}"
     print(line, flush=True)
+
+
+def require_positive(args, names: list[str]) -> None:
+    """Each named flag must be > 0 (a flag left at None, meaning "default", passes)."""
+    for name in names:
+        if getattr(args, name) is not None and not getattr(args, name) > 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+
+
+def step_envs(envs: list[gym.Env], actions: np.ndarray, out: tuple[np.ndarray, ...] | None = None):
+    """Step every env; an env whose episode ended is reset in the same call. `out`: the (observations, rewards,
+    terminations, truncations) rows to fill, as the rollout passes its own arrays' rows, instead of new arrays.
+
+    This is gymnasium's SAME_STEP autoreset written out: the returned observation of a finished env is the first one
+    of its next episode, and `final_obs` maps its index to the last observation of the episode that ended, which the
+    truncation bootstrap needs. (gymnasium's vector envs default to NEXT_STEP, where the step after an episode end
+    is a fake transition that must not be trained on; stepping a list directly also skips about 80 us of vector-env
+    bookkeeping per step.)"""
+    n = len(envs)
+    observations, rewards, terminations, truncations = out or (None, np.zeros(n), np.zeros(n, bool), np.zeros(n, bool))
+    final_obs: dict[int, np.ndarray] = {}
+    for i, (env, action) in enumerate(zip(envs, actions)):
+        obs, reward, terminated, truncated, _ = env.step(action)
+        rewards[i], terminations[i], truncations[i] = reward, terminated, truncated
+        if terminated or truncated:
+            final_obs[i] = obs
+            obs, _ = env.reset()
+        if observations is None:
+            observations = np.empty((n, *np.shape(obs)))
+        observations[i] = obs
+    return observations, rewards, terminations, truncations, final_obs

@@ -487,6 +487,34 @@ def test_rollout_log_probs_and_actions_are_the_policys(env_id):
     sampler.close()
 
 
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])
+def test_rollout_episode_returns_and_lengths_carry_across_rollouts(env_id):
+    """The rollout totals each finished episode's rewards once per rollout: the returns and lengths it reports, in
+    the order the episodes ended, must be those of a step-by-step count over all rollouts' rewards and episode ends
+    (episodes span rollouts: Pendulum's are 200 steps, the rollouts 70)."""
+    args = ppo_continuous.Args(env_id=env_id)
+    sampler = ppo_continuous.Sampler(env_id, 3, 0, args)
+    obs_dim, act_dim, discrete = ppo_continuous.check_spaces(env_id, sampler.envs[0], allow_discrete=True)
+    obs_rms = ppo_continuous.RunningMeanStd(shape=(obs_dim,))
+    sampler.set_policy(ppo_continuous.policy_weights(perturbed_agent(obs_dim, act_dim, discrete), obs_rms), 0)
+    rollouts = [sampler.rollout(70) for _ in range(10)]
+    sampler.close()
+    rewards = np.concatenate([r["rewards"] for r in rollouts])
+    ended = np.concatenate([r["terminations"] | r["truncations"] for r in rollouts])
+    expected_returns, expected_lengths, running, length = [], [], np.zeros(3), np.zeros(3, int)
+    for step in range(len(rewards)):
+        running, length = running + rewards[step], length + 1
+        for i in np.flatnonzero(ended[step]):
+            expected_returns.append(running[i])
+            expected_lengths.append(length[i])
+            running[i], length[i] = 0.0, 0
+    assert len(expected_lengths) >= 6
+    np.testing.assert_allclose(np.concatenate([r["episode_returns"] for r in rollouts]), expected_returns, rtol=1e-12)
+    np.testing.assert_array_equal(np.concatenate([r["episode_lengths"] for r in rollouts]), expected_lengths)
+    if env_id == "Pendulum-v1":
+        assert set(expected_lengths) == {200}
+
+
 def random_batch(n: int, obs_dim: int, act_dim: int, discrete: bool) -> dict:
     g = torch.Generator().manual_seed(3)
     actions = torch.randint(0, act_dim, (n,), generator=g).float() if discrete else torch.randn(n, act_dim, generator=g)
@@ -607,3 +635,18 @@ def test_stacked_adam_refuses_a_network_of_another_shape_with_one_line():
     agent.critic[2], agent.critic[4] = torch.nn.Linear(64, 32), torch.nn.Linear(32, 1)
     with pytest.raises(ppo_continuous.UsageError, match="critic.2.weight .32, 64.: for another network use"):
         ppo_continuous.StackedAdam(agent, lr=1e-3)
+
+
+@pytest.mark.parametrize("with_statistics", [True, False])
+def test_normalize_obs_standardizes_clips_and_marks_non_finite_rows(with_statistics):
+    rng = np.random.default_rng(0)
+    raw = rng.normal(size=(5, 4)) * 3.0
+    raw[1, 2], raw[3, 0] = np.nan, -np.inf
+    mean, std = (rng.normal(size=4), rng.uniform(0.5, 2.0, size=4)) if with_statistics else (None, None)
+    expected = raw.copy() if mean is None else np.clip((raw - mean) / std, -2.5, 2.5)
+    expected[[1, 3]] = np.nan  # the whole row, whatever the clip would have made of it
+    out = np.full((5, 4), 7.0, np.float32)
+    x = ppo_continuous.normalize_obs(raw, mean, std, 2.5, out=out)
+    assert x is out and x.dtype == np.float32
+    np.testing.assert_array_equal(x, expected.astype(np.float32))
+    np.testing.assert_array_equal(ppo_continuous.normalize_obs(raw, mean, std, 2.5), x)
