@@ -337,30 +337,41 @@ def normalized_scores(rows: list[dict], envs: list[str], impl: str, random: dict
 def aggregate_table(rows: list[dict], impls: list[str], random: dict[str, float], reps: int = 5000) -> list[str]:
     """Interquartile mean and mean of the normalized scores across the tasks of each family, with 95% stratified-
     bootstrap confidence intervals (rliable, Agarwal et al. 2021: the interquartile mean is robust to one outlier
-    seed, and its interval is honest about 3 seeds)."""
-    from rliable import library as rly
-    from rliable import metrics
-
+    seed, and its interval is honest about 3 seeds). An implementation run on some of the tasks only adds a second
+    table: every implementation on the tasks that all of them have."""
     lines = []
     for name in ("MuJoCo", "dm_control"):
         envs = list(
             dict.fromkeys(r["env"] for r in rows if family(r["env"]) == name and task_name(r["env"]) in CLEANRL)
         )
-        scores = {i: s for i in impls if (s := normalized_scores(rows, envs, i, random)) is not None}
-        if len(envs) < 2 or not scores:
-            continue
-        aggregate = lambda s: np.array([metrics.aggregate_iqm(s), metrics.aggregate_mean(s)])  # noqa: E731
-        points, intervals = rly.get_interval_estimates(scores, aggregate, reps=reps)
-        steps = ", ".join(sorted({CLEANRL[task_name(e)][3] for e in envs}))
-        lines += ["", f"{name}, {len(envs)} tasks: score = (return - random) / (CleanRL's published mean ({steps} "]
-        lines[-1] += "steps) - random); 95% stratified-bootstrap intervals (rliable)"
-        lines += ["", "| impl | seeds per task | IQM [95% CI] | mean [95% CI] |", "|---|--:|--:|--:|"]
-        for impl in scores:
-            (iqm, mean), (low, high) = points[impl], intervals[impl]
-            lines.append(
-                f"| {impl} | {scores[impl].shape[0]} | {iqm:.2f} [{low[0]:.2f}, {high[0]:.2f}] | "
-                f"{mean:.2f} [{low[1]:.2f}, {high[1]:.2f}] |"
-            )
+        covered = [{r["env"] for r in rows if r["impl"] == impl} & set(envs) for impl in impls]
+        common = [e for e in envs if all(e in tasks for tasks in covered if tasks)]
+        lines += aggregate_rows(rows, impls, random, name, envs, False, reps)
+        if len(common) >= 2 and common != envs:
+            lines += aggregate_rows(rows, impls, random, name, common, True, reps)
+    return lines
+
+
+def aggregate_rows(rows, impls, random, name: str, envs: list[str], subset: bool, reps: int) -> list[str]:
+    from rliable import library as rly
+    from rliable import metrics
+
+    scores = {i: s for i in impls if (s := normalized_scores(rows, envs, i, random)) is not None}
+    if len(envs) < 2 or not scores:
+        return []
+    aggregate = lambda s: np.array([metrics.aggregate_iqm(s), metrics.aggregate_mean(s)])  # noqa: E731
+    points, intervals = rly.get_interval_estimates(scores, aggregate, reps=reps)
+    steps = ", ".join(sorted({CLEANRL[task_name(e)][3] for e in envs}))
+    which = f" (the tasks all have: {', '.join(task_name(e) for e in envs)})" if subset else ""
+    lines = ["", f"{name}, {len(envs)} tasks{which}: score = (return - random) / (CleanRL's published mean ({steps} "]
+    lines[-1] += "steps) - random); 95% stratified-bootstrap intervals (rliable)"
+    lines += ["", "| impl | seeds per task | IQM [95% CI] | mean [95% CI] |", "|---|--:|--:|--:|"]
+    for impl in scores:
+        (iqm, mean), (low, high) = points[impl], intervals[impl]
+        lines.append(
+            f"| {impl} | {scores[impl].shape[0]} | {iqm:.2f} [{low[0]:.2f}, {high[0]:.2f}] | "
+            f"{mean:.2f} [{low[1]:.2f}, {high[1]:.2f}] |"
+        )
     return lines
 
 

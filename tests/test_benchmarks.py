@@ -365,6 +365,12 @@ def test_learning_aggregate_is_rliables_iqm_of_normalized_scores():
     iqm, low, high = (float(x) for x in re.search(r"\| ([\d.]+) \[([\d.]+), ([\d.]+)\] \|", line).groups())
     assert iqm == pytest.approx(trim_mean(expected.reshape(-1), 0.25), abs=0.005)
     assert low <= iqm <= high and low < high
+    # an implementation run on two of the three tasks: a second table, both implementations on those two
+    rows += learning_rows({"Hopper-v5": [2500.0] * 3, "Pusher-v5": [-35.0] * 3}, impl="dppo_async")
+    table = aggregate_table(rows, ["ppo", "dppo_async"], random, reps=200)
+    assert sum(line.startswith("| ppo |") for line in table) == 2
+    assert [line.startswith("| dppo_async |") for line in table].count(True) == 1
+    assert any("2 tasks (the tasks all have: Hopper, Pusher)" in line for line in table)
 
 
 def test_learning_jobs_run_side_by_side_and_a_failure_does_not_stop_the_others(tmp_path):
