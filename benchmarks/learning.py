@@ -18,8 +18,11 @@ normalized between random actions (0) and CleanRL's mean (1), with stratified-bo
 Writes <out-dir>/learning.md, learning.png (return against steps and against seconds) and learning_grid.png (one panel
 per task); --name changes the name. The default <out-dir> is a new folder benchmarks/results/local/<UTC date-time>/,
 which git ignores; --update-committed writes into benchmarks/results/.
---run trains what is missing: --jobs single-process runs (ppo, sb3) at a time, then each DPPO run alone. Runs of 1M
-steps took 4 to 6 minutes for ppo two at a time on 2 cores (2026-12-01), 32 to 34 for SB3.
+--run trains what is missing: --jobs single-process runs (ppo, sb3) at a time, then each DPPO run alone. --python
+runs ppo and DPPO in another venv's interpreter: dm_control's envs need mujoco 3.x, in the venv that
+benchmarks/requirements-dm_control.txt describes. Runs of 1M steps on 2 cores (2026-12-01): ppo two at a time 4 to
+13 minutes on MuJoCo (Humanoid the longest) and about 10 on dm_control, async DPPO alone 3 to 7.5 minutes, SB3 32 to
+34.
 """
 
 from __future__ import annotations
