@@ -318,9 +318,9 @@ def random_returns(env_ids: list[str], cache: str, python: str, episodes: int = 
             f"random actions on {env_id}", ["-c", RANDOM_RETURN, env_id, str(episodes)], cwd=REPO, python=python
         )
         known[env_id] = float(stdout.split()[-1])
-    os.makedirs(os.path.dirname(cache), exist_ok=True)
-    with open(cache, "w") as f:
-        json.dump(known, f, indent=1)
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        with open(cache, "w") as f:  # after each env: a later env's failure keeps what was measured
+            json.dump(known, f, indent=1)
     return known
 
 
@@ -347,7 +347,10 @@ def aggregate_table(rows: list[dict], impls: list[str], random: dict[str, float]
         envs = list(
             dict.fromkeys(r["env"] for r in rows if family(r["env"]) == name and task_name(r["env"]) in CLEANRL)
         )
-        covered = [{r["env"] for r in rows if r["impl"] == impl} & set(envs) for impl in impls]
+        covered = [[e for e in envs if any(r["env"] == e and r["impl"] == impl for r in rows)] for impl in impls]
+        covered = [
+            tasks for tasks, impl in zip(covered, impls) if normalized_scores(rows, tasks, impl, random) is not None
+        ]
         common = [e for e in envs if all(e in tasks for tasks in covered if tasks)]
         lines += aggregate_rows(rows, impls, random, name, envs, False, reps)
         if len(common) >= 2 and common != envs:
@@ -467,6 +470,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--jobs must be at least 1")
     if shutil.which(cfg.python) is None:
         p.error(f"--python {cfg.python}: no such executable")
+    cfg.python = os.path.abspath(shutil.which(cfg.python))  # the runs start elsewhere; a venv's link must stay a link
     unknown = [impl for impl in cfg.impls if impl not in (*COMMANDS, "sb3")]
     if (cfg.run or cfg.quick) and unknown:
         p.error(f"--run cannot train {' '.join(unknown)}: it trains {' '.join(COMMANDS)} sb3")

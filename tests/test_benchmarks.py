@@ -412,3 +412,18 @@ def test_learning_random_returns_run_in_the_given_interpreter_and_are_cached(tmp
 
     with pytest.raises(BenchError, match="random actions on CartPole-v1"):
         random_returns(["CartPole-v1"], str(cache), str(tmp_path / "no-python"))
+
+
+def test_learning_python_is_checked_and_made_absolute(tmp_path, monkeypatch, capsys):
+    from learning import parse_args
+
+    venv_python = tmp_path / "venv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    venv_python.symlink_to(sys.executable)
+    monkeypatch.chdir(tmp_path)
+    # relative to where the user is, absolute for runs that start elsewhere; the venv's link is kept, not resolved
+    cfg = parse_args(["--python", "venv/bin/python", "--out-dir", str(tmp_path / "out")])
+    assert cfg.python == str(venv_python)
+    with pytest.raises(SystemExit) as stop:
+        parse_args(["--python", "venv/bin/nothing"])
+    assert stop.value.code == 2 and "--python venv/bin/nothing: no such executable" in capsys.readouterr().err
