@@ -335,8 +335,9 @@ def normalize_obs(
     else:
         np.divide(raw - mean, std, out=x, casting="same_kind")  # in float64, then rounded once
         np.minimum(np.maximum(x, -clip, out=x), clip, out=x)
-    if not np.isfinite(raw).all():
-        x[~np.isfinite(raw).all(axis=-1)] = np.nan
+    finite = np.isfinite(raw)
+    if not finite.all():
+        x[~finite.all(axis=-1)] = np.nan
     return x
 
 

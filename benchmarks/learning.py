@@ -290,11 +290,10 @@ def reference_tables(rows: list[dict], impls: list[str]) -> list[str]:
 
 
 RANDOM_RETURN = """
-import sys, gymnasium as gym
+import sys
+from ppo_continuous import make_env
 env_id, episodes = sys.argv[1], int(sys.argv[2])
-if env_id.startswith("dm_control/"):
-    import shimmy  # noqa: F401  (registers the dm_control ids)
-env, total = gym.make(env_id), 0.0
+env, total = make_env(env_id), 0.0
 env.action_space.seed(0)
 for episode in range(episodes):
     env.reset(seed=episode)
@@ -351,7 +350,7 @@ def aggregate_table(rows: list[dict], impls: list[str], random: dict[str, float]
         covered = [
             tasks for tasks, impl in zip(covered, impls) if normalized_scores(rows, tasks, impl, random) is not None
         ]
-        common = [e for e in envs if all(e in tasks for tasks in covered if tasks)]
+        common = [e for e in envs if all(e in tasks for tasks in covered)]
         lines += aggregate_rows(rows, impls, random, name, envs, False, reps)
         if len(common) >= 2 and common != envs:
             lines += aggregate_rows(rows, impls, random, name, common, True, reps)
