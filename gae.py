@@ -262,6 +262,10 @@ class DiscountedReturn:
         self.value[episode_ended | ~np.isfinite(self.value)] = 0.0
         return returns
 
+    def run(self, rewards: np.ndarray, episode_ended: np.ndarray) -> np.ndarray:
+        """`step` over a rollout's (T, N) rewards; returns (T, N)."""
+        return np.stack([self.step(r, e) for r, e in zip(rewards, episode_ended)])
+
 
 def scale_rewards(rewards: np.ndarray, return_rms: RunningMeanStd, clip: float, epsilon: float = 1e-8) -> np.ndarray:
     """Divide by the std of the discounted return, then clip to +-clip."""

@@ -293,12 +293,8 @@ class NumpyPolicy:
             self.logprob_offset = self.logstd.sum() + len(self.logstd) * LOG_SQRT_2PI
 
     def actor(self, obs: np.ndarray) -> np.ndarray:
-        h = obs
-        for i, (w, b) in enumerate(self.layers):
-            h = h @ w + b
-            if i < len(self.layers) - 1:
-                h = np.tanh(h)
-        return h
+        (w0, b0), (w1, b1), (w2, b2) = self.layers
+        return np.tanh(np.tanh(obs @ w0 + b0) @ w1 + b1) @ w2 + b2
 
     def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """Sample actions for a batch of observations; return (actions, log-probabilities). The log-probability is
@@ -324,11 +320,17 @@ class NumpyPolicy:
 
 
 def normalize_obs(
-    raw: np.ndarray, mean: np.ndarray | None, std: np.ndarray | None, clip: float, out: np.ndarray | None = None
+    raw: np.ndarray,
+    mean: np.ndarray | None,
+    std: np.ndarray | None,
+    clip: float,
+    out: np.ndarray | None = None,
+    fill: float = np.nan,
 ) -> np.ndarray:
     """(raw - mean) / std, clipped, as float32 (into `out` if given); None statistics leave the observation raw. A row
-    holding NaN or inf becomes all NaN, so that the guard masks it whatever the clip made of it. (Written with
-    minimum/maximum: np.clip's Python wrapper costs more than the arithmetic, and this runs every env step.)"""
+    holding NaN or inf becomes all `fill`: NaN, so that the guard masks it whatever the clip made of it, or 0 for the
+    policy to act on. (Written with minimum/maximum: np.clip's Python wrapper costs more than the arithmetic, and this
+    runs every env step.)"""
     x = np.empty(raw.shape, np.float32) if out is None else out
     if mean is None:
         x[...] = raw
@@ -337,7 +339,7 @@ def normalize_obs(
         np.minimum(np.maximum(x, -clip, out=x), clip, out=x)
     finite = np.isfinite(raw)
     if not finite.all():
-        x[~finite.all(axis=-1)] = np.nan
+        x[~finite.all(axis=-1)] = fill
     return x
 
 
@@ -370,8 +372,8 @@ class Sampler:
             self.obs_mean, self.obs_std = weights["obs_mean"], np.sqrt(weights["obs_var"] + 1e-8)
         return version
 
-    def normalize(self, raw: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        return normalize_obs(raw, self.obs_mean, self.obs_std, self.obs_clip, out)
+    def normalize(self, raw: np.ndarray, out: np.ndarray | None = None, fill: float = np.nan) -> np.ndarray:
+        return normalize_obs(raw, self.obs_mean, self.obs_std, self.obs_clip, out, fill)
 
     def warm_up(self, steps: int) -> tuple[np.ndarray, np.ndarray, int]:
         """Moments of the observations met in `steps` random-action steps per env; then every env starts afresh."""
@@ -389,33 +391,37 @@ class Sampler:
         return finite_moments(np.concatenate(seen))
 
     def rollout(self, num_steps: int) -> dict[str, np.ndarray]:
+        """The loop does only what the next env step needs; the rest is done on whole arrays after it. (Work done
+        right after an env's wait costs several times more CPU than the same work in a tight loop: caches are cold.)"""
         start, num_envs, obs_dim = time.perf_counter(), len(self.envs), self.raw_obs.shape[1]
         shape = (num_steps, num_envs)
         obs, raw_obs = np.zeros((*shape, obs_dim), np.float32), np.zeros((num_steps + 1, num_envs, obs_dim))
         raw_obs[0] = self.raw_obs  # the envs write each step's successor into the next row
         actions = np.zeros((*shape, *(() if self.discrete else self.low.shape)), np.float32)
-        logprobs, rewards, returns = np.zeros(shape, np.float32), np.zeros(shape), np.zeros(shape)
+        logprobs, rewards = np.zeros(shape, np.float32), np.zeros(shape)
         terminations, truncations = np.zeros(shape, bool), np.zeros(shape, bool)
         final_obs, final_index = [], []
         noise = None if self.discrete else self.rng.standard_normal((*shape, *self.low.shape))
+        scaled_noise = None if self.discrete else self.policy.std * noise
         for step in range(num_steps):
-            self.normalize(raw_obs[step], out=obs[step])
-            # A NaN observation is masked out of training (normalize made its row NaN); the env still needs an action.
-            acting_obs = np.nan_to_num(obs[step]) if np.isnan(obs[step, :, 0]).any() else obs[step]
+            # A non-finite observation is acted on as zeros (the env still needs an action); below, its row becomes
+            # NaN, and the guard masks it out of training.
+            acting_obs = self.normalize(raw_obs[step], out=obs[step], fill=0.0)
             if self.discrete:
                 action, logprobs[step] = self.policy.act(acting_obs, self.rng)
             else:  # NumpyPolicy.act with the rollout's noise drawn at once (the same stream) and log-probs after it
-                action = self.policy.actor(acting_obs) + self.policy.std * noise[step]
+                action = self.policy.actor(acting_obs) + scaled_noise[step]
             actions[step] = action
             env_action = action if self.discrete else np.minimum(np.maximum(action, self.low), self.high)
             *_, final = step_envs(
                 self.envs, env_action, (raw_obs[step + 1], rewards[step], terminations[step], truncations[step])
             )
-            returns[step] = self.returns.step(rewards[step], terminations[step] | truncations[step])
             for i, last_obs in final.items():
                 if truncations[step, i] and not terminations[step, i]:
                     final_obs.append(self.normalize(last_obs))
                     final_index.append((step, i))
+        obs[~np.isfinite(raw_obs[:num_steps]).all(axis=-1)] = np.nan
+        returns = self.returns.run(rewards, terminations | truncations)
         if not self.discrete:
             logprobs[:] = self.policy.noise_logprob(noise)
         episode_returns, episode_lengths = self.finished_episodes(rewards, terminations | truncations)

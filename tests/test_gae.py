@@ -797,6 +797,13 @@ def test_discounted_return_restarts_after_episode_end():
     for r, ended, returned, after in steps:
         np.testing.assert_allclose(tracker.step(np.array(r), np.array(ended)), returned, atol=1e-12)
         np.testing.assert_allclose(tracker.value, after, atol=1e-12)
+    # run: the same steps over a whole (T, N) rollout at once, carrying on from where the tracker is
+    rollout_tracker = DiscountedReturn(num_envs=2, gamma=0.5)
+    first, rest = steps[:1], steps[1:]
+    for part in (first, rest):
+        rewards, ended = np.array([s[0] for s in part]), np.array([s[1] for s in part])
+        np.testing.assert_allclose(rollout_tracker.run(rewards, ended), [s[2] for s in part], atol=1e-12)
+    np.testing.assert_allclose(rollout_tracker.value, steps[-1][3], atol=1e-12)
 
 
 def test_discounted_return_restarts_after_non_finite_reward():

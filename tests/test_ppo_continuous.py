@@ -487,6 +487,37 @@ def test_rollout_log_probs_and_actions_are_the_policys(env_id):
     sampler.close()
 
 
+def test_rollout_acts_on_zeros_for_a_non_finite_observation_and_stores_its_row_as_nan():
+    """The rollout normalizes each step's observation for acting and marks the non-finite rows of what it stores
+    after the loop: a NaN observation must be acted on as zeros (the env still gets a finite action) and stored as an
+    all-NaN row, which the guard masks; every other row must be the normalized observation the policy acted on."""
+    env_id = "tests.envs:NanObsSometimes-v0"  # a NaN observation every 97 steps of each env
+    args = ppo_continuous.Args(env_id=env_id)
+    sampler = ppo_continuous.Sampler(env_id, 2, 0, args)
+    obs_dim, act_dim, _ = ppo_continuous.check_spaces(env_id, sampler.envs[0])
+    agent = perturbed_agent(obs_dim, act_dim, False)
+    obs_rms = ppo_continuous.RunningMeanStd(shape=(obs_dim,))
+    obs_rms.update(np.random.default_rng(1).normal(0.5, 2.0, size=(64, obs_dim)))
+    weights = ppo_continuous.policy_weights(agent, obs_rms)
+    sampler.set_policy(weights, 0)
+    replay = np.random.default_rng()
+    replay.bit_generator.state = sampler.rng.bit_generator.state
+    raw_first = sampler.raw_obs.copy()
+    rollout = sampler.rollout(400)
+    sampler.close()
+    stored = rollout["obs"].reshape(800, obs_dim)
+    bad = np.isnan(stored).any(axis=1)
+    assert 4 <= bad.sum() <= 10 and np.isnan(stored[bad]).all()  # whole rows, and only the NaN observations
+    policy = ppo_continuous.NumpyPolicy(weights)
+    acted_on = np.where(bad[:, None], 0.0, stored).astype(np.float32)
+    noise = replay.standard_normal((400, 2, act_dim)).reshape(800, act_dim)
+    actions = rollout["actions"].reshape(800, act_dim)
+    assert np.isfinite(actions).all()
+    np.testing.assert_allclose(actions, policy.actor(acted_on) + policy.std * noise, rtol=1e-5, atol=1e-5)
+    std = np.sqrt(obs_rms.var + 1e-8)
+    np.testing.assert_array_equal(stored[:2], np.clip((raw_first - obs_rms.mean) / std, -10, 10).astype(np.float32))
+
+
 @pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])
 def test_rollout_episode_returns_and_lengths_carry_across_rollouts(env_id):
     """The rollout totals each finished episode's rewards once per rollout: the returns and lengths it reports, in
@@ -650,3 +681,6 @@ def test_normalize_obs_standardizes_clips_and_marks_non_finite_rows(with_statist
     assert x is out and x.dtype == np.float32
     np.testing.assert_array_equal(x, expected.astype(np.float32))
     np.testing.assert_array_equal(ppo_continuous.normalize_obs(raw, mean, std, 2.5), x)
+    for_acting = ppo_continuous.normalize_obs(raw, mean, std, 2.5, fill=0.0)
+    np.testing.assert_array_equal(for_acting[[1, 3]], 0.0)
+    np.testing.assert_array_equal(np.delete(for_acting, [1, 3], axis=0), np.delete(x, [1, 3], axis=0))
