@@ -365,7 +365,14 @@ def aggregate_rows(rows, impls, random, name: str, envs: list[str], subset: bool
     if len(envs) < 2 or not scores:
         return []
     aggregate = lambda s: np.array([metrics.aggregate_iqm(s), metrics.aggregate_mean(s)])  # noqa: E731
-    points, intervals = rly.get_interval_estimates(scores, aggregate, reps=reps)
+    # Seeded, so that the same runs give the same intervals every time. rliable's stratified bootstrap draws from
+    # numpy's global generator whatever its random_state says, so that is the one seeded (and restored after).
+    global_state = np.random.get_state()  # noqa: NPY002 (the generator rliable uses)
+    np.random.seed(0)  # noqa: NPY002
+    try:
+        points, intervals = rly.get_interval_estimates(scores, aggregate, reps=reps)
+    finally:
+        np.random.set_state(global_state)  # noqa: NPY002
     steps = ", ".join(sorted({CLEANRL[task_name(e)][3] for e in envs}))
     which = f" (the tasks all have: {', '.join(task_name(e) for e in envs)})" if subset else ""
     lines = ["", f"{name}, {len(envs)} tasks{which}: score = (return - random) / (CleanRL's published mean ({steps} "]

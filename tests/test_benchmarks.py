@@ -365,6 +365,13 @@ def test_learning_aggregate_is_rliables_iqm_of_normalized_scores():
     iqm, low, high = (float(x) for x in re.search(r"\| ([\d.]+) \[([\d.]+), ([\d.]+)\] \|", line).groups())
     assert iqm == pytest.approx(trim_mean(expected.reshape(-1), 0.25), abs=0.005)
     assert low <= iqm <= high and low < high
+    # the bootstrap is seeded: whatever state numpy's global generator is in (a new process, say), the same runs give
+    # the same intervals (with as few as 20 resamples, unseeded ones would differ)
+    tables = []
+    for global_seed in (1, 2):
+        np.random.seed(global_seed)  # noqa: NPY002 (the generator rliable uses)
+        tables.append(aggregate_table(rows, ["ppo"], random, reps=20))
+    assert tables[0] == tables[1]
     # an implementation run on two of the three tasks: a second table, both implementations on those two
     rows += learning_rows({"Hopper-v5": [2500.0] * 3, "Pusher-v5": [-35.0] * 3}, impl="dppo_async")
     table = aggregate_table(rows, ["ppo", "dppo_async"], random, reps=200)
