@@ -328,9 +328,8 @@ def normalize_obs(
     fill: float = np.nan,
 ) -> np.ndarray:
     """(raw - mean) / std, clipped, as float32 (into `out` if given); None statistics leave the observation raw. A row
-    holding NaN or inf becomes all `fill`: NaN, so that the guard masks it whatever the clip made of it, or 0 for the
-    policy to act on. (Written with minimum/maximum: np.clip's Python wrapper costs more than the arithmetic, and this
-    runs every env step.)"""
+    holding NaN or inf becomes all `fill`: NaN for the guard to mask, 0 for the policy to act on. (minimum/maximum:
+    np.clip's Python wrapper costs more than the arithmetic, and this runs every env step.)"""
     x = np.empty(raw.shape, np.float32) if out is None else out
     if mean is None:
         x[...] = raw
@@ -402,15 +401,13 @@ class Sampler:
         terminations, truncations = np.zeros(shape, bool), np.zeros(shape, bool)
         final_obs, final_index = [], []
         noise = None if self.discrete else self.rng.standard_normal((*shape, *self.low.shape))
-        scaled_noise = None if self.discrete else self.policy.std * noise
         for step in range(num_steps):
-            # A non-finite observation is acted on as zeros (the env still needs an action); below, its row becomes
-            # NaN, and the guard masks it out of training.
+            # A non-finite observation is acted on as zeros; after the loop its stored row becomes NaN, for the guard.
             acting_obs = self.normalize(raw_obs[step], out=obs[step], fill=0.0)
             if self.discrete:
                 action, logprobs[step] = self.policy.act(acting_obs, self.rng)
             else:  # NumpyPolicy.act with the rollout's noise drawn at once (the same stream) and log-probs after it
-                action = self.policy.actor(acting_obs) + scaled_noise[step]
+                action = self.policy.actor(acting_obs) + self.policy.std * noise[step]
             actions[step] = action
             env_action = action if self.discrete else np.minimum(np.maximum(action, self.low), self.high)
             *_, final = step_envs(
