@@ -39,7 +39,8 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from throughput import (
+from common import (
+    REPO,
     BenchError,
     HelpFormatter,
     add_output_args,
@@ -49,7 +50,6 @@ from throughput import (
     timed_subprocess,
 )
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGETS = {"HalfCheetah-v5": 1500.0, "Hopper-v5": 2000.0, "Pendulum-v1": -600.0, "Walker2d-v5": 2000.0}
 TARGETS |= {"InvertedPendulum-v5": 950.0, "Humanoid-v5": 700.0, "Pusher-v5": -45.0}
 TARGETS |= {"dm_control/cheetah-run-v0": 400.0, "dm_control/walker-walk-v0": 350.0}

@@ -22,7 +22,8 @@ import sys
 import tempfile
 import time
 
-from throughput import (
+from common import (
+    REPO,
     BenchError,
     HelpFormatter,
     add_output_args,
@@ -35,7 +36,6 @@ from throughput import (
     venvs_epilog,
 )
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LATENCY_ENV = "benchmarks.envs:SlowPendulum-v1"
 
 

@@ -37,27 +37,31 @@ import importlib.metadata
 import json
 import os
 import platform
-import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PROG = "throughput.py"
-RESULTS_DIR = os.path.join(REPO, "benchmarks", "results")  # committed tables and plots (--update-committed)
-LOCAL_RESULTS_DIR = os.path.join(RESULTS_DIR, "local")  # git-ignored; each run gets a new <UTC date-time> folder in it
+from common import (
+    REPO,
+    VENVS,
+    BenchError,
+    HelpFormatter,
+    add_output_args,
+    display_command,
+    display_path,
+    json_result,
+    relative_to_cwd,
+    resolve_out_dir,
+    timed_subprocess,
+    venv_python,
+    venvs_epilog,
+)
 
-# The comparison venvs: folder (relative to the repository root, git-ignored) and requirements file. Each is created by
-# one command, `venv_command(kind)`, run from the repository root.
-VENVS = {
-    "rllib": ("benchmarks/.venv-rllib", "benchmarks/requirements-rllib.txt"),
-    "cleanrl": ("benchmarks/.venv-cleanrl", "benchmarks/requirements-cleanrl.txt"),
-}
+PROG = "throughput.py"
 
 QUICK = {"envs": ["HalfCheetah-v5"], "total_timesteps": 4096, "repeats": 1, "num_steps": 1024, "num_minibatches": 16}
 DEFAULTS = {
@@ -70,10 +74,6 @@ DEFAULTS = {
 RAW_MAX_STEPS = 100_000  # the raw loop is only a ceiling; more steps add time, not precision
 
 
-class BenchError(Exception):
-    """Reported as one line on stderr."""
-
-
 @dataclass
 class Result:
     steps: int
@@ -84,109 +84,6 @@ class Result:
     @property
     def whole_sps(self) -> float | None:
         return None if self.whole_seconds is None else self.steps / self.whole_seconds
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Where things are: comparison venvs, output folders, the command line as recorded in a results file
-# ---------------------------------------------------------------------------------------------------------------------
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """The description as written; flag help wrapped without breaking paths such as benchmarks/.venv-rllib."""
-
-    def _split_lines(self, text: str, width: int) -> list[str]:
-        return textwrap.wrap(text, width, break_on_hyphens=False)
-
-
-def venv_command(kind: str) -> str:
-    """The one command, run from the repository root, that creates the `kind` venv."""
-    folder, requirements = VENVS[kind]
-    return f"python3 -m venv {folder} && {folder}/bin/pip install -r {requirements}"
-
-
-def venvs_epilog(kinds: list[str]) -> str:
-    """--help's last lines: the command that creates each comparison venv."""
-    lines = [f"  {kind}: {venv_command(kind)}" for kind in kinds]
-    return "\n".join(
-        ["Comparison venvs, each created by one command run from the repository root (git ignores them):"] + lines
-    )
-
-
-def default_venv_python(kind: str, repo: str = REPO) -> str:
-    folder = os.path.join(repo, *VENVS[kind][0].split("/"))
-    if os.name == "nt":
-        return os.path.join(folder, "Scripts", "python.exe")
-    return os.path.join(folder, "bin", "python")
-
-
-def venv_python(kind: str, given: str | None, repo: str = REPO) -> str:
-    """Absolute path of the python that runs `kind` (rllib, cleanrl): `given` (a --*-python flag, relative to the
-    working directory) or the default venv in the repository. Raises BenchError, one line, when it does not exist.
-    Not resolved through symlinks: a venv's python is a link to the base interpreter."""
-    if given:
-        path = os.path.abspath(os.path.expanduser(given))
-        if not os.path.isfile(path):
-            raise BenchError(f"{kind}: --{kind}-python {given} does not exist")
-        return path
-    path = default_venv_python(kind, repo)
-    if not os.path.isfile(path):
-        raise BenchError(
-            f"{kind} needs its venv, {VENVS[kind][0]}, which does not exist; create it from the repository root with: "
-            f"{venv_command(kind)}  (or pass --{kind}-python)"
-        )
-    return path
-
-
-def add_output_args(p: argparse.ArgumentParser, files: str) -> None:
-    """--out-dir and --update-committed, the same in throughput.py, scaling.py and learning.py."""
-    group = p.add_mutually_exclusive_group()
-    group.add_argument(
-        "--out-dir",
-        default=None,
-        help=f"folder for {files} (default: a new benchmarks/results/local/<UTC date-time>/, which git ignores)",
-    )
-    group.add_argument(
-        "--update-committed",
-        action="store_true",
-        help=f"write {files} into benchmarks/results/, replacing the committed ones that the README quotes",
-    )
-
-
-def resolve_out_dir(args: argparse.Namespace, now: dt.datetime | None = None) -> str:
-    """Absolute output folder: benchmarks/results with --update-committed, --out-dir (relative to the working
-    directory) when given, else a new benchmarks/results/local/<UTC date-time> folder (git ignores it)."""
-    if getattr(args, "update_committed", False):
-        return RESULTS_DIR
-    if args.out_dir:
-        return os.path.abspath(args.out_dir)
-    stamp = (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%dT%H%M%SZ")
-    return os.path.join(LOCAL_RESULTS_DIR, stamp)
-
-
-def display_path(path: str) -> str:
-    """A path as it may appear in a results file: relative to the repository when inside it, else with its folder
-    elided, so that no absolute path of the machine that ran the benchmark gets committed."""
-    if not os.path.isabs(path):
-        return path
-    if os.path.commonpath([REPO, os.path.abspath(path)]) == REPO:
-        return os.path.relpath(path, REPO)
-    return os.path.join("...", os.path.basename(path))
-
-
-def display_command(argv: list[str]) -> str:
-    """`python SCRIPT ARGS...` for a results file, through display_path (also in --flag=PATH arguments)."""
-    shown = []
-    for arg in argv:
-        if arg.startswith("--") and "=" in arg:
-            flag, value = arg.split("=", 1)
-            shown.append(f"{flag}={display_path(value)}")
-        else:
-            shown.append(display_path(arg))
-    return shlex.join(["python", *shown])
-
-
-def relative_to_cwd(path: str) -> str:
-    """For messages on the terminal: the shorter of the path relative to the working directory and the absolute."""
-    rel = os.path.relpath(path)
-    return rel if len(rel) < len(path) else path
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -225,37 +122,6 @@ SB3_FLAGS = ["--num-envs=1", "--vf-coef=0.25", "--clip-vloss"]
 # ---------------------------------------------------------------------------------------------------------------------
 # Implementations
 # ---------------------------------------------------------------------------------------------------------------------
-def timed_subprocess(
-    name: str, argv: list[str], cwd: str, python: str = sys.executable, extra_env: dict[str, str] | None = None
-) -> tuple[str, float]:
-    """Run `python argv` in cwd with the repo on PYTHONPATH (and `extra_env` set); (stdout, wall seconds). A failure
-    raises BenchError with the last line it printed (scaling.py and learning.py use this too)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("MPLBACKEND", "Agg")
-    env.update(extra_env or {})
-    cmd = [python, *argv]
-    start = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
-    except OSError as e:  # no such interpreter, or not executable
-        raise BenchError(f"{name} could not start: {e}  [command: {shlex.join(cmd)}]") from None
-    seconds = time.perf_counter() - start
-    if proc.returncode != 0:
-        lines = [line for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
-        last = lines[-1].strip() if lines else "(no output)"
-        raise BenchError(f"{name} failed (exit {proc.returncode}): {last}  [command: {shlex.join(cmd)}]")
-    return proc.stdout, seconds
-
-
-def json_result(name: str, stdout: str) -> dict:
-    """The last JSON line a baseline script (sb3_ppo.py, rllib_ppo.py) printed."""
-    try:
-        return json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
-    except (IndexError, json.JSONDecodeError):
-        raise BenchError(f"{name} printed no JSON line; last output: {stdout.strip()[-200:]!r}") from None
-
-
 def run_summary_script(
     name: str, script: str, env_id: str, seed: int, cfg, extra: list[str], num_actors: int | None = None
 ) -> Result:

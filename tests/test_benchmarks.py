@@ -84,23 +84,23 @@ def git_ignores(path: Path) -> bool:
 
 @pytest.mark.parametrize("script", ["throughput.py", "scaling.py", "learning.py"])
 def test_default_out_dir_is_a_new_ignored_folder_not_the_committed_results(script, tmp_path, monkeypatch):
-    import throughput
+    import common
 
     monkeypatch.chdir(tmp_path)  # the default does not depend on the working directory
     out_dir = Path(parsers()[script]([]).out_dir)
     assert out_dir.is_absolute()
-    assert out_dir.parent == Path(throughput.LOCAL_RESULTS_DIR)
-    assert out_dir != Path(throughput.RESULTS_DIR) and Path(throughput.RESULTS_DIR) in out_dir.parents
+    assert out_dir.parent == Path(common.LOCAL_RESULTS_DIR)
+    assert out_dir != Path(common.RESULTS_DIR) and Path(common.RESULTS_DIR) in out_dir.parents
     assert git_ignores(out_dir / f"{script.removesuffix('.py')}.md")
     assert not git_ignores(REPO / "benchmarks" / "results" / "throughput.md"), "the committed results stay tracked"
 
 
 @pytest.mark.parametrize("script", ["throughput.py", "scaling.py", "learning.py"])
 def test_update_committed_and_out_dir(script, tmp_path, monkeypatch):
-    import throughput
+    import common
 
     parse = parsers()[script]
-    assert parse(["--update-committed"]).out_dir == throughput.RESULTS_DIR
+    assert parse(["--update-committed"]).out_dir == common.RESULTS_DIR
     monkeypatch.chdir(tmp_path)
     assert parse(["--out-dir", "here"]).out_dir == str(tmp_path / "here")  # relative to the working directory
     with pytest.raises(SystemExit):
@@ -110,11 +110,11 @@ def test_update_committed_and_out_dir(script, tmp_path, monkeypatch):
 def test_default_out_dir_names_sort_by_time():
     import datetime as dt
 
-    import throughput
+    import common
 
     args = argparse.Namespace(out_dir=None, update_committed=False)
-    early = throughput.resolve_out_dir(args, now=dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC))
-    late = throughput.resolve_out_dir(args, now=dt.datetime(2026, 11, 2, 3, 4, 5, tzinfo=dt.UTC))
+    early = common.resolve_out_dir(args, now=dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC))
+    late = common.resolve_out_dir(args, now=dt.datetime(2026, 11, 2, 3, 4, 5, tzinfo=dt.UTC))
     assert os.path.basename(early) == "2026-01-02T030405Z" and early < late
 
 
@@ -123,14 +123,14 @@ def test_default_out_dir_names_sort_by_time():
 # ---------------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["rllib", "cleanrl"])
 def test_missing_default_venv_is_one_line_naming_the_command(kind, tmp_path):
-    import throughput
+    import common
 
-    assert throughput.default_venv_python(kind) == str(REPO / "benchmarks" / f".venv-{kind}" / "bin" / "python")
-    with pytest.raises(throughput.BenchError) as e:
-        throughput.venv_python(kind, None, repo=str(tmp_path))  # a checkout without the venv
+    assert common.default_venv_python(kind) == str(REPO / "benchmarks" / f".venv-{kind}" / "bin" / "python")
+    with pytest.raises(common.BenchError) as e:
+        common.venv_python(kind, None, repo=str(tmp_path))  # a checkout without the venv
     message = str(e.value)
     assert "\n" not in message
-    command = throughput.venv_command(kind)
+    command = common.venv_command(kind)
     assert command in message
     assert command == (
         f"python3 -m venv benchmarks/.venv-{kind} && benchmarks/.venv-{kind}/bin/pip install "
@@ -141,15 +141,15 @@ def test_missing_default_venv_is_one_line_naming_the_command(kind, tmp_path):
 
 
 def test_venv_python_found_by_location_not_working_directory(tmp_path, monkeypatch):
-    import throughput
+    import common
 
     python = tmp_path / "benchmarks" / ".venv-rllib" / "bin" / "python"
     python.parent.mkdir(parents=True)
     python.write_text("")
     monkeypatch.chdir(tmp_path.parent)
-    assert throughput.venv_python("rllib", None, repo=str(tmp_path)) == str(python)
+    assert common.venv_python("rllib", None, repo=str(tmp_path)) == str(python)
     monkeypatch.chdir(tmp_path)
-    assert throughput.venv_python("rllib", "benchmarks/.venv-rllib/bin/python") == str(python)  # a flag: cwd-relative
+    assert common.venv_python("rllib", "benchmarks/.venv-rllib/bin/python") == str(python)  # a flag: cwd-relative
 
 
 def run_script(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -206,6 +206,7 @@ FAKE_CLEANRL = textwrap.dedent(
 
 def test_cleanrl_runs_the_given_script_on_v4_with_one_thread(tmp_path):
     import throughput
+    from common import BenchError
 
     script = tmp_path / "ppo_continuous_action.py"
     script.write_text(FAKE_CLEANRL)
@@ -221,17 +222,17 @@ def test_cleanrl_runs_the_given_script_on_v4_with_one_thread(tmp_path):
     assert result.inloop_sps == 1300.0  # the last SPS line: the rate of the whole loop
     assert result.whole_seconds > 0 and result.env_run == "HalfCheetah-v4"
     assert throughput.cleanrl_env_id("Pendulum-v1") == "Pendulum-v1"
-    with pytest.raises(throughput.BenchError, match="no 'SPS:' line"):
+    with pytest.raises(BenchError, match="no 'SPS:' line"):
         throughput.parse_cleanrl_stdout("global_step=1\n", 1024)
 
 
 def test_recorded_command_has_no_machine_paths():
-    import throughput
+    import common
 
     argv = [str(REPO / "benchmarks" / "throughput.py"), "--out-dir", str(REPO / "benchmarks" / "results" / "x")]
     elsewhere = os.path.join(os.sep, "some", "where", "ppo_continuous_action.py")  # an absolute path of a user's
     argv += [f"--cleanrl-script={elsewhere}", "--envs", "HalfCheetah-v5"]
-    assert throughput.display_command(argv) == (
+    assert common.display_command(argv) == (
         "python benchmarks/throughput.py --out-dir benchmarks/results/x "
         "--cleanrl-script=.../ppo_continuous_action.py --envs HalfCheetah-v5"
     )
@@ -381,8 +382,8 @@ def test_learning_aggregate_is_rliables_iqm_of_normalized_scores():
 
 
 def test_learning_jobs_run_side_by_side_and_a_failure_does_not_stop_the_others(tmp_path):
+    from common import BenchError
     from learning import run_jobs
-    from throughput import BenchError
 
     # the first job waits until the second has written its file, so it passes only if both run at once
     wait = f"import os, time\nend = time.time() + 60\nwhile not os.path.exists({str(tmp_path / 'b')!r}):\n"
@@ -415,7 +416,7 @@ def test_learning_random_returns_run_in_the_given_interpreter_and_are_cached(tmp
     assert random_returns(["Pendulum-v1"], str(cache), str(tmp_path / "no-python"))["Pendulum-v1"] == pytest.approx(
         expected / 2
     )
-    from throughput import BenchError
+    from common import BenchError
 
     with pytest.raises(BenchError, match="random actions on CartPole-v1"):
         random_returns(["CartPole-v1"], str(cache), str(tmp_path / "no-python"))
