@@ -129,6 +129,25 @@ def relative_to_cwd(path: str) -> str:
     return rel if len(rel) < len(path) else path
 
 
+def cpu_model() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it, for the machine line of a results file."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
+    except OSError:
+        return "unknown CPU"
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend: the plots are written to files, and no display may be there."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def timed_subprocess(
     name: str, argv: list[str], cwd: str, python: str = sys.executable, extra_env: dict[str, str] | None = None
 ) -> tuple[str, float]:

@@ -1,7 +1,7 @@
 """Env steps/s of our PPO, Stable-Baselines3 PPO, RLlib PPO, CleanRL's script and the raw environment, in one run.
 
     python benchmarks/throughput.py                 # HalfCheetah-v5 and Hopper-v5, 100k steps, 1 repeat
-    python benchmarks/throughput.py --quick         # smoke test, under 3 minutes on 2 cores
+    python benchmarks/throughput.py --quick         # smoke test: HalfCheetah-v5, 4096 steps
     python benchmarks/throughput.py --impls ppo rllib                 # RLlib from benchmarks/.venv-rllib
     python benchmarks/throughput.py --impls ppo cleanrl --cleanrl-script PATH/ppo_continuous_action.py
 
@@ -27,18 +27,15 @@ creation, training, saving). In-loop steps/s = the implementation's own rate for
 
 Adding an implementation: write a function (env_id, seed, cfg) -> Result and put it in IMPLS; for a script whose CLI
 looks like ppo_continuous.py's (writes runs/<run-name>/summary.json) that is a call of `run_summary_script`.
+throughput_report.py writes the results file and the plot; common.py holds what scaling.py and learning.py share.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import importlib.metadata
+import itertools
 import json
 import os
-import platform
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,15 +48,13 @@ from common import (
     BenchError,
     HelpFormatter,
     add_output_args,
-    display_command,
-    display_path,
     json_result,
-    relative_to_cwd,
     resolve_out_dir,
     timed_subprocess,
     venv_python,
     venvs_epilog,
 )
+from throughput_report import results_header, write_report
 
 PROG = "throughput.py"
 
@@ -86,9 +81,6 @@ class Result:
         return None if self.whole_seconds is None else self.steps / self.whole_seconds
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Hyperparameters: passed identically to every learner
-# ---------------------------------------------------------------------------------------------------------------------
 def common_flags(env_id: str, seed: int, cfg: argparse.Namespace) -> list[str]:
     """Flags both ppo_continuous.py and sb3_ppo.py accept under the same name and meaning.
 
@@ -119,9 +111,6 @@ PPO_FLAGS = ["--num-envs=1", "--vf-coef=0.5", "--clip-vloss", "--no-cuda", "--qu
 SB3_FLAGS = ["--num-envs=1", "--vf-coef=0.25", "--clip-vloss"]
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Implementations
-# ---------------------------------------------------------------------------------------------------------------------
 def run_summary_script(
     name: str, script: str, env_id: str, seed: int, cfg, extra: list[str], num_actors: int | None = None
 ) -> Result:
@@ -265,26 +254,6 @@ IMPLS: dict[str, Callable[[str, int, argparse.Namespace], Result]] = {
     "cleanrl": run_cleanrl,
 }
 DEFAULT_IMPLS = ["raw", "ppo", "sb3", "dppo_sync", "dppo_async"]
-COLORS = {
-    "raw": "#888888",
-    "ppo": "#1f77b4",
-    "sb3": "#ff7f0e",
-    "dppo_sync": "#2ca02c",
-    "dppo_async": "#d62728",
-    "rllib": "#9467bd",
-    "cleanrl": "#8c564b",
-}
-SPARE_COLORS = ["#e377c2", "#17becf", "#bcbd22", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]  # impls not in COLORS
-# How each implementation's in-loop rate is measured, for the notes under the table.
-INLOOP_NOTES = {
-    "raw": "raw = the bare `env.step` loop in this process, the ceiling for any learner with one env",
-    "ppo": "ppo_continuous.py `env_steps / wall_time_seconds` from summary.json",
-    "sb3": "sb3_ppo.py `sps` (time of `model.learn`)",
-    "dppo_sync": "dppo_ray.py `env_steps / wall_time_seconds` from summary.json",
-    "dppo_async": "dppo_ray.py `env_steps / wall_time_seconds` from summary.json",
-    "rllib": "rllib_ppo.py `sps` (its sampling-and-training loop)",
-    "cleanrl": "CleanRL's last `SPS:` line (global_step / time since its first env reset)",
-}
 
 
 def check_impl_inputs(cfg: argparse.Namespace) -> None:
@@ -303,173 +272,6 @@ def check_impl_inputs(cfg: argparse.Namespace) -> None:
         cfg.cleanrl_python = venv_python("cleanrl", cfg.cleanrl_python)
 
 
-def venv_versions(python: str, packages: list[str]) -> str:
-    """'pkg x.y, ...' as installed in another venv (for the results header); 'unknown' if that cannot be asked."""
-    code = (
-        "import importlib.metadata as m, sys\n"
-        "for p in sys.argv[1:]:\n"
-        "    try: print(p, m.version(p))\n"
-        "    except m.PackageNotFoundError: print(p, 'not installed')"
-    )
-    try:
-        out = subprocess.run([python, "-c", code, *packages], capture_output=True, text=True, timeout=60, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return ", ".join(out.stdout.splitlines())
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Report
-# ---------------------------------------------------------------------------------------------------------------------
-def machine_header(argv: list[str]) -> tuple[list[str], str]:
-    """(markdown header lines, a short machine description for the plot title)"""
-    import gymnasium
-    import torch
-
-    cpu = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count()
-    if torch.cuda.is_available():
-        gpu = f"GPU: {torch.cuda.get_device_name(0)} (not used: every learner runs on the CPU)"
-    else:
-        gpu = "no GPU"
-
-    def version(pkg: str) -> str:
-        try:
-            return importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            return "not installed"
-
-    try:
-        commit = subprocess.run(
-            ["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
-    load = " / ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
-    machine = f"{cores} cores ({cpu}), {gpu}"
-    lines = [
-        "# Throughput: env steps/s",
-        "",
-        f"- Command: `{display_command(argv)}`",
-        f"- Date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M:%S UTC')}",
-        f"- Machine: {cores} cores (nproc), {cpu}, {gpu}; load average at start {load} (1/5/15 min)",
-        f"- Versions: Python {platform.python_version()}, torch {torch.__version__}, "
-        f"gymnasium {gymnasium.__version__}, stable-baselines3 {version('stable-baselines3')}, "
-        f"mujoco {version('mujoco')}; repo at {commit}",
-    ]
-    return lines, machine
-
-
-def fmt(x: float | None, spec: str = ",.0f") -> str:
-    return "—" if x is None else format(x, spec)
-
-
-def median_or_none(values: list[float | None]) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
-
-
-def summarize(results: dict[tuple[str, str], list[Result]], envs: list[str], impls: list[str]) -> list[dict]:
-    rows = []
-    for env_id in envs:
-        med = {
-            impl: {
-                "whole": median_or_none([r.whole_sps for r in results[env_id, impl]]),
-                "inloop": median_or_none([r.inloop_sps for r in results[env_id, impl]]),
-                "steps": median_or_none([r.steps for r in results[env_id, impl]]),
-            }
-            for impl in impls
-        }
-        sb3_whole = med.get("sb3", {}).get("whole")
-        raw_limit = med.get("raw", {}).get("inloop")
-        for impl in impls:
-            m = med[impl]
-            rows.append(
-                {
-                    "env": env_id,
-                    "impl": impl,
-                    "steps": m["steps"],
-                    "whole": m["whole"],
-                    "inloop": m["inloop"],
-                    "vs_sb3": m["whole"] / sb3_whole if m["whole"] is not None and sb3_whole else None,
-                    "vs_raw": m["inloop"] / raw_limit if raw_limit else None,
-                }
-            )
-    return rows
-
-
-def markdown_table(rows: list[dict]) -> list[str]:
-    lines = [
-        "| env | impl | steps | whole-process steps/s | in-loop steps/s | ratio to SB3 (whole-process) "
-        "| in-loop / raw-env limit |",
-        "|---|---|--:|--:|--:|--:|--:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['env']} | {r['impl']} | {fmt(r['steps'])} | {fmt(r['whole'])} | {fmt(r['inloop'])} "
-            f"| {fmt(r['vs_sb3'], '.2f')} | {fmt(r['vs_raw'], '.3f')} |"
-        )
-    return lines
-
-
-def plot(rows: list[dict], envs: list[str], impls: list[str], path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    fig, axes = plt.subplots(1, 2, figsize=(8, 4), dpi=100)
-    spare = iter(SPARE_COLORS * len(impls))
-    colors = {impl: COLORS.get(impl) or next(spare) for impl in impls}
-    by_key = {(r["env"], r["impl"]): r for r in rows}
-    x = np.arange(len(envs))
-    handles = {}
-    for ax, metric, label, shown in (
-        (axes[0], "whole", "whole process", [i for i in impls if i != "raw"]),
-        (axes[1], "inloop", "in loop (log scale)", impls),
-    ):
-        width = 0.8 / max(len(shown), 1)
-        for k, impl in enumerate(shown):
-            values = [by_key[env_id, impl][metric] or 0.0 for env_id in envs]
-            bars = ax.bar(x + (k - (len(shown) - 1) / 2) * width, values, width, label=impl, color=colors[impl])
-            ax.bar_label(bars, labels=[fmt(v) if v else "" for v in values], fontsize=7, padding=1)
-            handles[impl] = bars
-        ax.set_xticks(x, [e.removesuffix("-v5") for e in envs], fontsize=9)
-        ax.set_title(f"steps/s, {label}", fontsize=10)
-        ax.tick_params(axis="y", labelsize=8)
-        ax.grid(axis="y", alpha=0.3)
-        ax.set_axisbelow(True)
-        ax.margins(y=0.12)
-    positive = [r["inloop"] for r in rows if r["inloop"]]
-    axes[1].set_yscale("log")
-    if positive:
-        axes[1].set_ylim(min(positive) / 3, max(positive) * 2)
-    fig.legend(
-        [handles[i] for i in impls if i in handles],
-        [i for i in impls if i in handles],
-        loc="lower center",
-        ncol=len(handles),
-        fontsize=8,
-        frameon=False,
-    )
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Main
-# ---------------------------------------------------------------------------------------------------------------------
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog=PROG,
@@ -523,7 +325,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="smoke test (<3 min on 2 cores): HalfCheetah-v5, 4096 steps, --num-steps 1024 --num-minibatches 16, "
+        help="smoke test: HalfCheetah-v5, 4096 steps, --num-steps 1024 --num-minibatches 16, "
         "1 repeat; flags given explicitly still win",
     )
     args = p.parse_args(argv)
@@ -543,6 +345,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def run_all(cfg: argparse.Namespace, t0: float) -> list[tuple[str, str, int, Result]]:
+    """(env_id, impl, seed, Result) of every run: seeds outermost, so that each repeat interleaves the
+    implementations and machine noise falls on all of them alike."""
+    runs = []
+    for seed, env_id, impl in itertools.product(range(1, cfg.repeats + 1), cfg.envs, cfg.impls):
+        print(f"[{time.perf_counter() - t0:6.0f}s] {env_id} {impl} seed {seed} ...", file=sys.stderr)
+        runs.append((env_id, impl, seed, IMPLS[impl](env_id, seed, cfg)))
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     cfg = parse_args(argv)
@@ -551,26 +363,10 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    header, machine = machine_header([os.path.abspath(__file__), *argv])
-    for kind, packages in (
-        ("rllib", ["ray", "torch", "gymnasium", "mujoco", "numpy"]),
-        ("cleanrl", ["torch", "gymnasium", "mujoco", "numpy", "tyro"]),
-    ):
-        if kind in cfg.impls:
-            python = getattr(cfg, f"{kind}_python")
-            header.append(f"- {kind} venv ({display_path(python)}): {venv_versions(python, packages)}")
+    header, machine = results_header([os.path.abspath(__file__), *argv], cfg)
     t0 = time.perf_counter()
-    results: dict[tuple[str, str], list[Result]] = {(e, i): [] for e in cfg.envs for i in cfg.impls}
-    runs = []
     try:
-        for rep in range(cfg.repeats):
-            seed = rep + 1
-            for env_id in cfg.envs:
-                for impl in cfg.impls:
-                    print(f"[{time.perf_counter() - t0:6.0f}s] {env_id} {impl} seed {seed} ...", file=sys.stderr)
-                    res = IMPLS[impl](env_id, seed, cfg)
-                    results[env_id, impl].append(res)
-                    runs.append((env_id, impl, seed, res))
+        runs = run_all(cfg, t0)
     except BenchError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
@@ -578,52 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
     elapsed = time.perf_counter() - t0
-
-    rows = summarize(results, cfg.envs, cfg.impls)
-    table = markdown_table(rows)
-    hp = (
-        f"{cfg.total_timesteps} timesteps per learner run, --num-steps {cfg.num_steps} --num-minibatches "
-        f"{cfg.num_minibatches}, 1 env, 10 epochs, 1 torch thread, CPU; raw: "
-        f"{min(cfg.total_timesteps, RAW_MAX_STEPS)} random-action steps"
-    )
-    details = ["| env | impl | seed | steps | whole-process s | whole-process steps/s | in-loop steps/s |"]
-    details.append("|---|---|--:|--:|--:|--:|--:|")
-    for env_id, impl, seed, r in runs:
-        details.append(
-            f"| {r.env_run or env_id} | {impl} | {seed} | {r.steps} | {fmt(r.whole_seconds, '.1f')} "
-            f"| {fmt(r.whole_sps)} | {fmt(r.inloop_sps)} |"
-        )
-    md = [
-        *header,
-        f"- Settings: {hp}; {cfg.repeats} repeat(s) (seeds 1..{cfg.repeats}), medians shown; "
-        f"benchmark took {elapsed:.0f} s",
-        "",
-        *table,
-        "",
-        "Whole-process = env steps actually run / wall time of the whole subprocess (start-up, imports, env creation, "
-        "training, saving), run in a fresh temporary directory. In-loop = the implementation's own rate: "
-        + "; ".join(INLOOP_NOTES[impl] for impl in cfg.impls)
-        + ". Ratio to SB3 compares whole-process rates on the same env."
-        + (
-            " cleanrl ran CleanRL's own script in its own venv with OMP_NUM_THREADS=1, on the -v4 version of each -v5 "
-            "env (see Every run)."
-            if "cleanrl" in cfg.impls
-            else ""
-        ),
-        "",
-        "## Every run",
-        "",
-        *details,
-        "",
-    ]
-    os.makedirs(cfg.out_dir, exist_ok=True)
-    md_path = os.path.join(cfg.out_dir, f"{cfg.name}.md")
-    with open(md_path, "w") as f:
-        f.write("\n".join(md))
-    png_path = os.path.join(cfg.out_dir, f"{cfg.name}.png")
-    plot(rows, cfg.envs, cfg.impls, png_path, f"{cfg.total_timesteps} steps, median of {cfg.repeats}; {machine}")
-    print("\n".join(table))
-    print(f"wrote {relative_to_cwd(md_path)} and {cfg.name}.png ({elapsed:.0f} s)", file=sys.stderr)
+    write_report(cfg, runs, header, machine, elapsed, raw_steps=min(cfg.total_timesteps, RAW_MAX_STEPS))
     return 0
 
 
