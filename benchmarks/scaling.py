@@ -1,10 +1,10 @@
 """DPPO throughput as actors are added, against linear scaling (and RLlib PPO with as many env runners).
 
-    python benchmarks/scaling.py                   # 1, 2, 4, 8 actors on a 5 ms-latency env: 4 runs, about 4 min
+    python benchmarks/scaling.py                   # 1, 2, 4, 8 actors on a 5 ms-latency env: 4 runs
     python benchmarks/scaling.py --envs HalfCheetah-v5 --actors 1 2 4
     python benchmarks/scaling.py --rllib           # adds RLlib PPO, from its own venv benchmarks/.venv-rllib
-    python benchmarks/scaling.py --quick           # smoke test, under 3 minutes on 2 cores
-    python benchmarks/scaling.py --actors 1 2 8 16 32 --name scaling_32    # up to 32 actors, about 8 min
+    python benchmarks/scaling.py --quick           # smoke test: 1 and 2 actors, a few short updates
+    python benchmarks/scaling.py --actors 1 2 8 16 32 --name scaling_32    # up to 32 actors
 
 Every run is dppo_ray.py in async mode with one env per actor and the same per-actor rollout, minibatch size and
 epochs, so the batch grows with the actors. Throughput is measured in steady state, from the learner's first update
@@ -27,8 +27,10 @@ from common import (
     BenchError,
     HelpFormatter,
     add_output_args,
+    cpu_model,
     display_command,
     json_result,
+    pyplot,
     relative_to_cwd,
     resolve_out_dir,
     timed_subprocess,
@@ -79,16 +81,6 @@ def run_rllib(python: str, env_id: str, runners: int, cfg: argparse.Namespace) -
     return {"steady": float(out["sps"]), "whole": out["total_timesteps"] / seconds, "steps": out["total_timesteps"]}
 
 
-def machine() -> str:
-    model = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{os.cpu_count()} cores ({model}), no GPU"
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="scaling.py", description=__doc__, formatter_class=HelpFormatter, epilog=venvs_epilog(["rllib"])
@@ -118,18 +110,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="smoke test: 1 and 2 actors, 64-step rollouts, 6 updates")
     cfg = p.parse_args(argv)
     if cfg.quick:
-        cfg.actors, cfg.num_steps, cfg.updates = [1, 2], 64, 6
+        cfg.actors = [1, 2]
+        cfg.num_steps = 64
+        cfg.updates = 6
     cfg.rllib = cfg.rllib or cfg.rllib_python is not None
     cfg.out_dir = resolve_out_dir(cfg)
     return cfg
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    cfg = parse_args(argv)
-    if cfg.rllib:
-        cfg.rllib_python = venv_python("rllib", cfg.rllib_python)  # before any run: one line if it is missing
-    os.makedirs(cfg.out_dir, exist_ok=True)
+def run_all(cfg: argparse.Namespace) -> list[dict]:
+    """One row per env and actor count: dppo, then RLlib with as many env runners when asked."""
     rows = []
     for env_id in cfg.envs:
         for actors in cfg.actors:
@@ -137,21 +127,20 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"env": env_id, "impl": "dppo", "actors": actors, **run_dppo(env_id, actors, cfg)})
             if cfg.rllib:
                 print(f"{env_id}: rllib with {actors} env runners ...", file=sys.stderr, flush=True)
-                rows.append(
-                    {
-                        "env": env_id,
-                        "impl": "rllib",
-                        "actors": actors,
-                        **run_rllib(cfg.rllib_python, env_id, actors, cfg),
-                    }
-                )
+                rllib = run_rllib(cfg.rllib_python, env_id, actors, cfg)
+                rows.append({"env": env_id, "impl": "rllib", "actors": actors, **rllib})
+    return rows
 
+
+def scaling_table(rows: list[dict], cfg: argparse.Namespace, command: str) -> list[str]:
+    """The results file: each row's speed-up over the fewest actors of its env and implementation, and that speed-up
+    as a share of linear."""
     lines = [
         "# DPPO scaling",
         "",
-        f"Command: `{display_command([os.path.abspath(__file__), *argv])}`  ",
+        f"Command: `{command}`  ",
         f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",
-        f"Machine: {machine()}  ",
+        f"Machine: {os.cpu_count()} cores ({cpu_model()}), no GPU  ",
         f"Per actor: 1 env, {cfg.num_steps}-step rollouts; minibatch {cfg.num_steps}; 4 epochs; async mode.",
         "",
         "| env | impl | actors | steady-state env steps/s | whole-run env steps/s | speed-up | efficiency vs linear |",
@@ -162,22 +151,19 @@ def main(argv: list[str] | None = None) -> int:
             r for r in rows if r["env"] == row["env"] and r["impl"] == row["impl"] and r["actors"] == min(cfg.actors)
         )
         speedup = row["steady"] / base["steady"]
-        row["efficiency"] = speedup / (row["actors"] / base["actors"])
+        efficiency = speedup / (row["actors"] / base["actors"])
         lines.append(
             f"| {row['env']} | {row['impl']} | {row['actors']} | {row['steady']:,.0f} | {row['whole']:,.0f} | "
-            f"{speedup:.2f}x | {row['efficiency']:.0%} |"
+            f"{speedup:.2f}x | {efficiency:.0%} |"
         )
-    with open(os.path.join(cfg.out_dir, f"{cfg.name}.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return lines
 
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(cfg.envs), figsize=(4.5 * len(cfg.envs), 3.6), squeeze=False)
-    for ax, env_id in zip(axes[0], cfg.envs):
+def plot_scaling(rows: list[dict], envs: list[str], path: str) -> None:
+    """Steady-state steps/s against actors, one panel per env, log-log, with dppo's linear scaling dotted."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(envs), figsize=(4.5 * len(envs), 3.6), squeeze=False)
+    for ax, env_id in zip(axes[0], envs):
         for impl, style in (("dppo", "o-"), ("rllib", "s--")):
             points = [r for r in rows if r["env"] == env_id and r["impl"] == impl]
             if points:
@@ -197,7 +183,21 @@ def main(argv: list[str] | None = None) -> int:
         ax.set_yscale("log")
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(os.path.join(cfg.out_dir, f"{cfg.name}.png"), dpi=100)
+    fig.savefig(path, dpi=100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    cfg = parse_args(argv)
+    if cfg.rllib:
+        cfg.rllib_python = venv_python("rllib", cfg.rllib_python)  # before any run: one line if it is missing
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    rows = run_all(cfg)
+    lines = scaling_table(rows, cfg, display_command([os.path.abspath(__file__), *argv]))
+    with open(os.path.join(cfg.out_dir, f"{cfg.name}.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    plot_scaling(rows, cfg.envs, os.path.join(cfg.out_dir, f"{cfg.name}.png"))
     print(f"wrote {relative_to_cwd(os.path.join(cfg.out_dir, cfg.name))}.md and .png", file=sys.stderr)
     return 0
 
