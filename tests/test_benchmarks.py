@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 
 def test_permutation_pvalue_against_hand_counts():
-    from learning import permutation_pvalue
+    from learning_report import permutation_pvalue
 
     # [1, 2] against [3, 4]: of the 6 ways to split {1, 2, 3, 4} in two pairs, only {1,2}|{3,4} and {3,4}|{1,2} differ
     # in mean by 2 or more.
@@ -332,7 +332,7 @@ def learning_rows(finals_by_task: dict[str, list[float]], impl: str = "ppo") -> 
 
 
 def test_learning_reference_table_sets_each_task_beside_cleanrl():
-    from learning import CLEANRL, reference_tables
+    from learning_report import CLEANRL, reference_tables
 
     rows = learning_rows({"Hopper-v5": [2000.0, 2400.0, 2800.0], "dm_control/cheetah-run-v0": [300.0, 340.0]})
     rows += learning_rows({"Hopper-v5": [1000.0]}, impl="dppo_async")
@@ -348,7 +348,7 @@ def test_learning_aggregate_is_rliables_iqm_of_normalized_scores():
     """Scores: random actions 0, CleanRL's published mean 1. The IQM of a (seeds, tasks) matrix is the mean of its
     middle 50% of runs (scipy's trim_mean at 25%), and its bootstrap interval holds it."""
     import numpy as np
-    from learning import CLEANRL, aggregate_table, normalized_scores
+    from learning_report import CLEANRL, aggregate_table, normalized_scores
     from scipy.stats import trim_mean
 
     finals = {"Hopper-v5": [1000.0, 2000.0, 3000.0], "Walker2d-v5": [500.0, 2500.0, 4000.0]}
@@ -397,7 +397,7 @@ def test_learning_jobs_run_side_by_side_and_a_failure_does_not_stop_the_others(t
 
 def test_learning_random_returns_run_in_the_given_interpreter_and_are_cached(tmp_path):
     import gymnasium as gym
-    from learning import random_returns
+    from learning_report import random_returns
 
     env = gym.make("Pendulum-v1")
     env.action_space.seed(0)
