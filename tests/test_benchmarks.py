@@ -324,11 +324,17 @@ def test_iteration_profile_quick_times_both_update_paths_and_the_rollout(tmp_pat
 def learning_rows(finals_by_task: dict[str, list[float]], impl: str = "ppo") -> list[dict]:
     import numpy as np
 
-    rows = []
-    for env_id, finals in finals_by_task.items():
-        rows.append(dict(env=env_id, impl=impl, seeds=len(finals), finals=finals))
-        rows[-1] |= dict(final=float(np.mean(finals)), final_std=float(np.std(finals)))
-    return rows
+    return [
+        {
+            "env": env_id,
+            "impl": impl,
+            "seeds": len(finals),
+            "finals": finals,
+            "final": float(np.mean(finals)),
+            "final_std": float(np.std(finals)),
+        }
+        for env_id, finals in finals_by_task.items()
+    ]
 
 
 def test_learning_reference_table_sets_each_task_beside_cleanrl():
