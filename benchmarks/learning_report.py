@@ -366,7 +366,8 @@ def plot_grid(curves: dict, cfg: argparse.Namespace, path: str) -> None:
     plt = pyplot()
     envs = [e for e in cfg.envs if any(k[0] == e for k in curves)]
     columns = min(3, len(envs))
-    fig, axes = plt.subplots(-(-len(envs) // columns), columns, figsize=(4.2 * columns, 3.2 * -(-len(envs) // columns)))
+    panel_rows = -(-len(envs) // columns)
+    fig, axes = plt.subplots(panel_rows, columns, figsize=(4.2 * columns, 3.2 * panel_rows))
     axes = np.atleast_1d(axes).reshape(-1)
     for ax, env_id in zip(axes, envs):
         for impl in cfg.impls:
