@@ -345,22 +345,26 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple, run_dir: str, devic
             ckpt, agent, optimizer, obs_rms, return_rms, args.resume
         )
     counters = {"dropped_rollouts": 0, "actor_restarts": 0, "lost_rollouts": 0} | counters
+    decoupled = args.stale_correction == "decoupled"
+    fast = ppo.start_fast_paths(agent, optimizer, args, decoupled)
     pool = ActorPool(args, ray, run_dir, global_step, counters)
     if ckpt is None and args.norm_obs and args.obs_warmup_steps:
         for ref in [pool.call(i, "warm_up", args.obs_warmup_steps) for i in range(args.num_actors)]:
             obs_rms.update_from_moments(*pool.get(ref))
     writer = start_run(args, run_dir, resumed_at=global_step if ckpt is not None else None)
+    writer.add_text("fast_paths", fast.table())
     monitor = Monitor(args, writer, global_step, counters, act_dim, wall_time_before)
     actor_nodes: set[str] = set()
 
     def save_checkpoint() -> None:
         wall_time, counters = monitor.wall_time(), monitor.counters
+        optimizer_state = ppo.optimizer_state(optimizer, fast)
         state = ppo.training_state(
-            agent, optimizer, obs_rms, return_rms, args, global_step, version, wall_time, counters
+            agent, optimizer_state, obs_rms, return_rms, args, global_step, version, wall_time, counters
         )
         save_atomic(state, os.path.join(run_dir, "checkpoint.pt"))
 
-    sync_seconds, last_broadcast = pool.broadcast(ppo.policy_weights(agent, obs_rms), version), version
+    sync_seconds, last_broadcast = pool.broadcast(ppo.policy_weights(agent, obs_rms, fast.acting), version), version
     learner_seconds = dict(wait=0.0, prepare=0.0, update=0.0, broadcast=sync_seconds)  # where the learner's time goes
     if args.mode == "async":
         for i in range(args.num_actors):
@@ -378,19 +382,21 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple, run_dir: str, devic
             lags = [version - int(r["policy_version"]) for r in rollouts]
             actor_speed = float(np.mean([r["rewards"].size / float(r["sample_seconds"]) for r in rollouts]))
             actor_nodes.update(str(r["node_id"]) for r in rollouts)
-            decoupled = args.stale_correction == "decoupled"
             batch = ppo.prepare_batch(agent, stack_rollouts(rollouts), return_rms, args, decoupled)
             update_start = time.perf_counter()
             learner_seconds["prepare"] += update_start - wait_start - wait_seconds
-            stats, problem = ppo.ppo_update(optimizer, batch, args, ent_coef)
+            stats, problem = ppo.ppo_update(agent, optimizer, batch, args, ent_coef, fast)
             update_seconds = time.perf_counter() - update_start
             learner_seconds["wait"] += wait_seconds
             learner_seconds["update"] += update_seconds
             version += 1
             if broadcast_due(args, version, last_broadcast):
-                sync_seconds, last_broadcast = pool.broadcast(ppo.policy_weights(agent, obs_rms), version), version
+                sync_seconds, last_broadcast = (
+                    pool.broadcast(ppo.policy_weights(agent, obs_rms, fast.acting), version),
+                    version,
+                )
                 learner_seconds["broadcast"] += sync_seconds
-            extra = {"charts/learning_rate": optimizer.lr, "charts/ent_coef": ent_coef}
+            extra = {"charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/ent_coef": ent_coef}
             extra |= {"charts/policy_lag_min": min(lags), "charts/policy_lag_max": max(lags)}
             extra |= {"charts/policy_lag_mean": float(np.mean(lags))}
             extra |= {
@@ -401,7 +407,7 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple, run_dir: str, devic
             updated = monitor.update(stats, problem, batch, global_step, version, extra)
             if updated and args.checkpoint_every and version % args.checkpoint_every == 0:
                 save_checkpoint()
-    extra = {"learner_updates": version, "actor_nodes": len(actor_nodes)}
+    extra = {"learner_updates": version, "actor_nodes": len(actor_nodes), "fast_paths": fast.used}
     extra["learner_seconds"] = {k: round(v, 2) for k, v in learner_seconds.items()}
     ppo.end_run(args, run_dir, monitor, loop.status, save_checkpoint, agent, obs_rms, global_step, extra)
     return loop.exit_status()

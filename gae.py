@@ -123,7 +123,8 @@ def ppo_loss(
     `max_is_weight` as in V-trace, corrects for the staleness and the clip stays anchored to the recent `old_logprob`.
 
     `with_grads=True` also returns the loss's gradient with respect to `new_logprob` and `new_values`, written out
-    (the analytic backward of stacked_adam.py starts from them; tests/test_gae.py checks them against autograd).
+    (fast_paths.StackedUpdate's written-out backward starts from them; tests/test_gae.py checks them against
+    autograd).
     The entropy's gradient is not among them: it depends on the policy's parametrization, not on the samples.
     """
     n = new_logprob.numel()

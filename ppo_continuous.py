@@ -13,6 +13,7 @@ checkpoints and evaluation from here and adds only what distribution needs. The 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 import math
@@ -25,11 +26,13 @@ import gymnasium as gym
 import numpy as np
 import torch
 import tyro
-from torch import nn
+from torch import nn, optim
+from torch.distributions import Categorical, Distribution, Independent, Normal
 
+from fast_paths import FastPaths, NumpyActor, categorical_draw, check_acting, choose_fast_paths
 from gae import (
-    LOG_SQRT_2PI,
     DiscountedReturn,
+    PPOLoss,
     RunningMeanStd,
     advantage_outliers,
     compute_gae,
@@ -37,6 +40,7 @@ from gae import (
     finite_moments,
     finite_samples,
     mean_clipfrac,
+    ppo_loss,
     scale_rewards,
 )
 from run_utils import (
@@ -58,7 +62,6 @@ from run_utils import (
     start_run,
     step_envs,
 )
-from stacked_adam import StackedAdam
 
 
 @dataclass
@@ -157,6 +160,9 @@ class Args:
     guard_patience: int = 3
     """numerical guard: stop the run after this many bad batches in a row (a non-finite loss or gradient, or a
     batch of which under half is usable)"""
+    fast_path: bool = True
+    """use the fast paths (numpy acting, the stacked update) where they prove equal to Agent and gae.ppo_loss at
+    start-up (see fast_paths.py); --no-fast-path runs everything the plain way"""
 
     # to be filled in runtime
     batch_size: int = 0
@@ -231,6 +237,7 @@ def check_spaces(env_id: str, env: gym.Env, allow_discrete: bool = False) -> tup
 # ---------------------------------------------------------------------------------------------------------------------
 # Agent: separate 64-64 tanh actor and critic. Box actions: a Gaussian with a state-independent log-std.
 # Discrete actions (dppo_ray.py's CartPole check): a categorical over the same actor's outputs.
+# This is the one definition of the network and the policy; fast_paths.py checks its accelerators against it.
 # ---------------------------------------------------------------------------------------------------------------------
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
     torch.nn.init.orthogonal_(layer.weight, std)
@@ -240,9 +247,12 @@ def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.
 
 def mlp(in_dim: int, out_dim: int, out_std: float) -> nn.Sequential:
     return nn.Sequential(
-        layer_init(nn.Linear(in_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
+        layer_init(nn.Linear(in_dim, 64)),
+        nn.Tanh(),
+        layer_init(nn.Linear(64, 64)),
+        nn.Tanh(),
         layer_init(nn.Linear(64, out_dim), std=out_std),
-    )  # fmt: skip
+    )
 
 
 class Agent(nn.Module):
@@ -250,7 +260,7 @@ class Agent(nn.Module):
 
     def __init__(self, obs_dim: int, act_dim: int, discrete: bool = False):
         super().__init__()
-        self.discrete = discrete
+        self.obs_dim, self.act_dim, self.discrete = obs_dim, act_dim, discrete  # saved with the policy, to rebuild it
         self.critic = mlp(obs_dim, 1, out_std=1.0)
         self.actor_mean = mlp(obs_dim, act_dim, out_std=0.01)
         if not discrete:
@@ -259,64 +269,57 @@ class Agent(nn.Module):
     def get_value(self, x: torch.Tensor) -> torch.Tensor:
         return self.critic(x).squeeze(-1)
 
-    def evaluate(self, x: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Log-probability of `action`, policy entropy and value."""
-        logstd = None if self.discrete else self.actor_logstd
-        return (*self.action_terms(self.actor_mean(x), logstd, action), self.get_value(x))
-
-    def action_terms(self, out: torch.Tensor, logstd: torch.Tensor | None, action: torch.Tensor):
-        """Log-probability of `action` and entropy of the policy whose actor outputs `out`. The diagonal Gaussian is
-        written out (torch.distributions.Normal computes the same, with more overhead per minibatch)."""
+    def get_distribution(self, x: torch.Tensor) -> Distribution:
+        """The policy at observations x: one distribution over whole action vectors."""
         if self.discrete:
-            dist = torch.distributions.Categorical(logits=out)
-            return dist.log_prob(action.long()), dist.entropy()
-        logstd = logstd.expand_as(out)
-        logprob = (-0.5 * ((action - out) / logstd.exp()) ** 2 - logstd - LOG_SQRT_2PI).sum(-1)
-        return logprob, (0.5 + LOG_SQRT_2PI + logstd).sum(-1)
+            return Categorical(logits=self.actor_mean(x), validate_args=False)
+        action_mean = self.actor_mean(x)
+        action_std = self.actor_logstd.expand_as(action_mean).exp()
+        return Independent(Normal(action_mean, action_std, validate_args=False), 1, validate_args=False)
+
+    def evaluate(self, x: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-probability of `action`, policy entropy and value: what the loss needs."""
+        dist = self.get_distribution(x)
+        return dist.log_prob(action.long() if self.discrete else action), dist.entropy(), self.get_value(x)
 
     def numpy_weights(self) -> dict[str, np.ndarray]:
         """What the sampler receives: plain numpy arrays, cheap to copy and to send to a Ray actor."""
         return {k: v.detach().cpu().numpy().copy() for k, v in self.state_dict().items()}
 
 
-class NumpyPolicy:
-    """The sampler's copy of the actor. Stepping a few envs at a time, a 64-64 MLP in numpy takes about 15 us against
-    about 150 us for the same forward pass in torch, where per-op overhead dominates. The weights stay fixed for a
-    rollout."""
+class TorchActor:
+    """Acting the plain way: Agent.get_distribution on a batch of observations. (NumpyActor in fast_paths.py is its
+    fast path, used when it matches.) Actions are drawn from the rollout's own noise, so both ways draw the same."""
 
-    def __init__(self, weights: dict[str, np.ndarray]):
-        self.layers = [(weights[f"actor_mean.{i}.weight"].T, weights[f"actor_mean.{i}.bias"]) for i in (0, 2, 4)]
-        self.discrete = "actor_logstd" not in weights
-        if not self.discrete:
-            self.logstd = weights["actor_logstd"].reshape(-1).astype(np.float64)
-            self.std = np.exp(self.logstd)
-            self.logprob_offset = self.logstd.sum() + len(self.logstd) * LOG_SQRT_2PI
+    def __init__(self, agent: Agent):
+        self.agent, self.discrete = agent, agent.discrete
 
-    def actor(self, obs: np.ndarray) -> np.ndarray:
-        (w0, b0), (w1, b1), (w2, b2) = self.layers
-        return np.tanh(np.tanh(obs @ w0 + b0) @ w1 + b1) @ w2 + b2
+    def act(self, obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            dist = self.agent.get_distribution(torch.from_numpy(obs))
+            if isinstance(dist, Categorical):
+                return categorical_draw(dist.logits.double().log_softmax(-1).numpy(), noise)
+            gaussian = dist.base_dist if isinstance(dist, Independent) else dist
+            if isinstance(gaussian, Normal):
+                return (gaussian.loc + gaussian.scale * torch.from_numpy(noise).to(gaussian.loc.dtype)).numpy()
+            return dist.sample().numpy()  # another distribution: its own sampler, from torch's generator
 
-    def act(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """Sample actions for a batch of observations; return (actions, log-probabilities). The log-probability is
-        the denominator of PPO's ratio (tests/test_ppo_continuous.py checks it against torch)."""
-        out = self.actor(obs).astype(np.float64)
-        if self.discrete:
-            logits = out - out.max(axis=1, keepdims=True)
-            log_probs = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
-            cumulative = np.exp(log_probs).cumsum(axis=1)
-            u = rng.random((len(obs), 1)) * cumulative[:, -1:]
-            actions = np.minimum((cumulative < u).sum(axis=1), out.shape[1] - 1)
-            return actions, log_probs[np.arange(len(obs)), actions]
-        noise = rng.standard_normal(out.shape)
-        return out + self.std * noise, self.noise_logprob(noise)
-
-    def noise_logprob(self, noise: np.ndarray) -> np.ndarray:
-        """log pi(mean + std * noise): the Gaussian's log-density at the noise it drew (any leading shape)."""
-        return -0.5 * (noise * noise).sum(axis=-1) - self.logprob_offset
+    def log_prob(self, obs: np.ndarray, actions: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        """Log-probabilities of the actions (any leading shape), computed once after the rollout's loop."""
+        with torch.no_grad():
+            flat_obs = torch.from_numpy(obs.reshape(-1, obs.shape[-1]))
+            flat_actions = torch.from_numpy(actions.reshape(len(flat_obs), *actions.shape[obs.ndim - 1 :]))
+            logprob = self.agent.evaluate(flat_obs, flat_actions)[0]
+        return logprob.numpy().reshape(obs.shape[:-1])
 
     def best_action(self, obs: np.ndarray) -> np.ndarray:
-        out = self.actor(obs)
-        return out.argmax(axis=1) if self.discrete else out
+        """The distribution's mode: the mean, or the most likely action."""
+        with torch.no_grad():
+            return self.agent.get_distribution(torch.from_numpy(np.asarray(obs, np.float32))).mode.numpy()
+
+
+def make_actor(agent: Agent, fast: bool) -> NumpyActor | TorchActor:
+    return NumpyActor(agent) if fast else TorchActor(agent)
 
 
 def normalize_obs(
@@ -353,7 +356,8 @@ class Sampler:
     def __init__(self, env_id: str, num_envs: int, seed: int, args: Args, video_dir: str = ""):
         quiet_mujoco_log()
         self.envs = [make_env(env_id, args.capture_video and i == 0, video_dir) for i in range(num_envs)]
-        _, _, self.discrete = check_spaces(env_id, self.envs[0], allow_discrete=True)
+        self.spaces = check_spaces(env_id, self.envs[0], allow_discrete=True)
+        self.discrete = self.spaces[2]
         space = self.envs[0].action_space
         self.low, self.high = (None, None) if self.discrete else (space.low, space.high)
         self.obs_clip, self.norm_obs = args.obs_clip, args.norm_obs
@@ -362,11 +366,16 @@ class Sampler:
         self.raw_obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(self.envs)])
         self.returns = DiscountedReturn(num_envs, args.gamma)
         self.episode_returns, self.episode_lengths = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
-        self.policy, self.version, self.obs_mean, self.obs_std = None, -1, None, None
+        self.agent, self.policy, self.version, self.obs_mean, self.obs_std = None, None, -1, None, None
 
     def set_policy(self, weights: dict[str, np.ndarray], version: int) -> int:
-        """`weights`: the agent's numpy state dict plus the learner's observation statistics."""
-        self.policy, self.version = NumpyPolicy(weights), version
+        """`weights`: policy_weights, the agent's numpy state dict plus the learner's observation statistics and
+        whether its numpy fast path matched. The sampler keeps an Agent of its own to act with, or to mirror."""
+        if self.agent is None:
+            with torch.random.fork_rng(devices=[]):  # the learner's random stream must not depend on where this runs
+                self.agent = Agent(*self.spaces)
+        self.agent.load_state_dict({key: torch.tensor(weights[key]) for key in self.agent.state_dict()})
+        self.policy, self.version = make_actor(self.agent, bool(weights["fast_acting"])), version
         if self.norm_obs:
             self.obs_mean, self.obs_std = weights["obs_mean"], np.sqrt(weights["obs_var"] + 1e-8)
         return version
@@ -400,14 +409,12 @@ class Sampler:
         logprobs, rewards = np.zeros(shape, np.float32), np.zeros(shape)
         terminations, truncations = np.zeros(shape, bool), np.zeros(shape, bool)
         final_obs, final_index = [], []
-        noise = None if self.discrete else self.rng.standard_normal((*shape, *self.low.shape))
+        # The rollout's noise, drawn at once: standard normal for a Gaussian, uniform for a categorical
+        noise = self.rng.random((*shape, 1)) if self.discrete else self.rng.standard_normal((*shape, *self.low.shape))
         for step in range(num_steps):
             # A non-finite observation is acted on as zeros; after the loop its stored row becomes NaN, for the guard.
             acting_obs = self.normalize(raw_obs[step], out=obs[step], fill=0.0)
-            if self.discrete:
-                action, logprobs[step] = self.policy.act(acting_obs, self.rng)
-            else:  # NumpyPolicy.act with the rollout's noise drawn at once (the same stream) and log-probs after it
-                action = self.policy.actor(acting_obs) + self.policy.std * noise[step]
+            action = self.policy.act(acting_obs, noise[step])
             actions[step] = action
             env_action = action if self.discrete else np.minimum(np.maximum(action, self.low), self.high)
             *_, final = step_envs(
@@ -417,10 +424,9 @@ class Sampler:
                 if truncations[step, i] and not terminations[step, i]:
                     final_obs.append(self.normalize(last_obs))
                     final_index.append((step, i))
+        logprobs[:] = self.policy.log_prob(obs, actions, noise)
         obs[~np.isfinite(raw_obs[:num_steps]).all(axis=-1)] = np.nan
         returns = self.returns.run(rewards, terminations | truncations)
-        if not self.discrete:
-            logprobs[:] = self.policy.noise_logprob(noise)
         episode_returns, episode_lengths = self.finished_episodes(rewards, terminations | truncations)
         self.raw_obs = raw_obs[num_steps].copy()
         obs_mean, obs_var, obs_count = finite_moments(raw_obs[:num_steps].reshape(-1, obs_dim))
@@ -456,20 +462,45 @@ class Sampler:
 # ---------------------------------------------------------------------------------------------------------------------
 def make_learner(args: Args, obs_dim: int, act_dim: int, discrete: bool, device: torch.device):
     agent = Agent(obs_dim, act_dim, discrete).to(device)
-    optimizer = StackedAdam(agent, lr=args.learning_rate)  # torch.optim.Adam's math, fewer ops: see stacked_adam.py
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     return agent, optimizer, RunningMeanStd(shape=(obs_dim,)), RunningMeanStd(shape=())
 
 
-def policy_weights(agent: Agent, obs_rms: RunningMeanStd) -> dict[str, np.ndarray]:
-    """What a sampler acts with: the numpy weights and the observation statistics."""
-    return agent.numpy_weights() | {"obs_mean": obs_rms.mean.copy(), "obs_var": obs_rms.var.copy()}
+def loss_settings(args: Args, ent_coef: float) -> dict:
+    """gae.ppo_loss's keyword arguments for this run (dppo_ray.py's --max-is-weight included when it has one)."""
+    settings = dict(clip_coef=args.clip_coef, clip_vloss=args.clip_vloss, ent_coef=ent_coef, vf_coef=args.vf_coef)
+    settings["norm_adv"] = args.norm_adv
+    if hasattr(args, "max_is_weight"):
+        settings["max_is_weight"] = args.max_is_weight
+    return settings
 
 
-def anneal(optimizer: StackedAdam, args: Args, iteration: int) -> float:
+def start_fast_paths(agent: Agent, optimizer: optim.Optimizer, args: Args, decoupled: bool = False) -> FastPaths:
+    """Check the fast paths against Agent, ppo_loss and the optimizer (fast_paths.py) and say which step aside."""
+    obs_dim, act_dim = agent.obs_dim, agent.act_dim
+    ent_coefs = {args.ent_coef} if args.ent_coef_final is None else {args.ent_coef, args.ent_coef_final}
+    settings = [loss_settings(args, ent_coef) for ent_coef in sorted(ent_coefs)]
+    plain = (loss_and_gradients, clip_gradients)
+    fast, lines = choose_fast_paths(agent, optimizer, obs_dim, act_dim, settings, decoupled, args.fast_path, plain)
+    for line in lines:
+        print(f"{PROG}: {line}", file=sys.stderr)
+    return fast
+
+
+def policy_weights(agent: Agent, obs_rms: RunningMeanStd, fast_acting: bool) -> dict[str, np.ndarray]:
+    """What a sampler acts with: the numpy weights, the observation statistics and which way to act."""
+    weights = agent.numpy_weights()
+    weights["obs_mean"], weights["obs_var"] = obs_rms.mean.copy(), obs_rms.var.copy()
+    weights["fast_acting"] = np.array(fast_acting)
+    return weights
+
+
+def anneal(optimizer: optim.Optimizer, args: Args, iteration: int) -> float:
     """Set this iteration's learning rate (CleanRL's linear schedule); return its entropy coefficient."""
     frac = 1.0 - (iteration - 1.0) / args.num_iterations
     if args.anneal_lr:
-        optimizer.lr = frac * args.learning_rate
+        for group in optimizer.param_groups:
+            group["lr"] = frac * args.learning_rate
     if args.ent_coef_final is None:
         return args.ent_coef
     return args.ent_coef_final + frac * (args.ent_coef - args.ent_coef_final)
@@ -523,41 +554,75 @@ def prepare_batch(agent: Agent, rollout: dict, reward_scale: RunningMeanStd, arg
     return batch | dict(size=num_steps * num_envs, non_finite=int((~valid).sum()), outliers=int(outliers.sum()))
 
 
-def ppo_update(optimizer: StackedAdam, batch: dict, args: Args, ent_coef: float) -> tuple[dict, str | None]:
+def loss_and_gradients(agent: Agent, optimizer: optim.Optimizer, minibatch: dict, **loss_kwargs) -> PPOLoss:
+    """One minibatch's loss through Agent.evaluate and gae.ppo_loss, and its gradient by autograd (the plain path;
+    fast_paths.StackedUpdate.loss_and_gradients stands in for it when it matches)."""
+    new_logprob, entropy, new_value = agent.evaluate(minibatch["obs"], minibatch["actions"])
+    stats = ppo_loss(
+        new_logprob,
+        minibatch["logprobs"],
+        minibatch["advantages"],
+        new_value,
+        minibatch["values"],
+        minibatch["returns"],
+        entropy,
+        behaviour_logprob=minibatch.get("behaviour_logprobs"),
+        **loss_kwargs,
+    )
+    optimizer.zero_grad()
+    stats.loss.backward()
+    return stats
+
+
+def clip_gradients(gradients: list[torch.Tensor], max_norm: float) -> float:
+    """nn.utils.clip_grad_norm_'s clip, in place: scale the gradients so that their global norm is at most max_norm;
+    returns the norm before clipping. (The fast update passes its one flat gradient buffer, the plain path each
+    parameter's gradient; the start-up check makes sure that this function treats them alike.)"""
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in gradients])).item()
+    if norm > max_norm:  # a NaN norm falls through to the caller's guard
+        for g in gradients:
+            g.mul_(max_norm / (norm + 1e-6))
+    return norm
+
+
+def ppo_update(
+    agent: Agent, optimizer: optim.Optimizer, batch: dict, args: Args, ent_coef: float, fast: FastPaths
+) -> tuple[dict, str | None]:
     """--update-epochs passes over shuffled minibatches of the samples the guard kept. Returns the statistics of the
     last minibatch (as CleanRL logs them) and a problem string when the loss or a gradient went non-finite."""
     kept = len(batch["advantages"])
     if kept < batch["size"] / 2:
         return {}, f"only {kept} of {batch['size']} samples are usable (NaN/inf data or outlier advantages)"
+    loss_kwargs = loss_settings(args, ent_coef)
+    columns = {key: value for key, value in batch.items() if isinstance(value, torch.Tensor)}
     ratios, stats = [], None
-    loss_kwargs = dict(clip_coef=args.clip_coef, clip_vloss=args.clip_vloss, ent_coef=ent_coef, vf_coef=args.vf_coef)
-    loss_kwargs |= dict(norm_adv=args.norm_adv, max_is_weight=getattr(args, "max_is_weight", 1))
-    # One gather per minibatch from the batch's columns packed side by side (+ behaviour log-probs when decoupled)
-    obs_dim, actions = batch["obs"].shape[1], batch["actions"].reshape(kept, -1)
-    scalars = [batch[k] for k in ("logprobs", "advantages", "values", "returns", "behaviour_logprobs") if k in batch]
-    packed = torch.cat([batch["obs"], actions, torch.stack(scalars, 1)], 1)
-    end_of_actions, discrete = obs_dim + actions.shape[1], batch["actions"].dim() == 1  # discrete: one index each
     for epoch in range(args.update_epochs):
-        permutation = torch.randperm(kept, device=packed.device)
-        for mb in torch.tensor_split(permutation, args.num_minibatches):
-            rows = packed.index_select(0, mb)
-            logprobs, advantages, values, returns, *behaviour = rows[:, end_of_actions:].unbind(1)
-            mb_actions = rows[:, end_of_actions - 1] if discrete else rows[:, obs_dim:end_of_actions]
-            stats = optimizer.loss_and_gradients(
-                rows[:, :obs_dim], mb_actions, logprobs, advantages, values, returns,
-                behaviour_logprob=behaviour[0] if behaviour else None, **loss_kwargs,
-            )  # fmt: skip
-            loss = stats.loss.item()  # one sync a minibatch (the guard must see it before the step)
+        permutation = torch.randperm(kept, device=batch["advantages"].device)
+        for indices in torch.tensor_split(permutation, args.num_minibatches):
+            minibatch = {key: column.index_select(0, indices) for key, column in columns.items()}
+            if fast.update is not None:
+                stats = fast.update.loss_and_gradients(minibatch, **loss_kwargs)
+            else:
+                stats = loss_and_gradients(agent, optimizer, minibatch, **loss_kwargs)
+            loss = stats.loss.item()  # the guard must see it before the step
             if not math.isfinite(loss) or abs(loss) > args.guard_max_abs:
                 return {}, f"loss {loss:.3g} in epoch {epoch + 1}"
-            if not math.isfinite(optimizer.clip_grad_norm(args.max_grad_norm)):
+            if fast.update is not None:
+                gradients = [fast.update.grads]
+            else:
+                gradients = [p.grad for p in agent.parameters() if p.grad is not None]
+            if not math.isfinite(clip_gradients(gradients, args.max_grad_norm)):
                 return {}, f"non-finite gradient in epoch {epoch + 1}"
-            optimizer.step()
+            if fast.update is not None:
+                fast.update.step()
+            else:
+                optimizer.step()
             ratios.append(stats.ratio.detach())
         if args.target_kl is not None and stats.approx_kl > args.target_kl:
             break
     result = {f"losses/{k}": getattr(stats, k).item() for k in ("value_loss", "policy_loss", "entropy")}
-    result |= {f"losses/{k}": getattr(stats, k).item() for k in ("old_approx_kl", "approx_kl")}
+    result["losses/old_approx_kl"] = stats.old_approx_kl.item()
+    result["losses/approx_kl"] = stats.approx_kl.item()
     result["losses/clipfrac"] = mean_clipfrac(ratios, args.clip_coef)
     values, returns = batch["values"].cpu().numpy(), batch["returns"].cpu().numpy()
     result["losses/explained_variance"] = explained_variance(values, returns)
@@ -572,6 +637,7 @@ def policy_state(agent: Agent, obs_rms: RunningMeanStd, args: Args, global_step:
     """The saved model: enough to act (weights and normalization statistics) and to know how (the flags)."""
     return {
         "agent": agent.state_dict(),
+        "agent_args": [agent.obs_dim, agent.act_dim, agent.discrete],
         "obs_layout": agent.obs_layout,
         "obs_rms": obs_rms.state_dict(),
         "args": dataclasses.asdict(args),
@@ -580,11 +646,15 @@ def policy_state(agent: Agent, obs_rms: RunningMeanStd, args: Args, global_step:
 
 
 def agent_from_checkpoint(ckpt: dict, path: str) -> tuple[Agent, RunningMeanStd]:
+    """The Agent (as this file defines it) built with the saved constructor arguments, and the saved weights."""
     state = ckpt["agent"]
     try:
-        discrete = "actor_logstd" not in state
-        obs_dim, act_dim = state["actor_mean.0.weight"].shape[1], state["actor_mean.4.weight"].shape[0]
-        agent, obs_rms = Agent(obs_dim, act_dim, discrete), RunningMeanStd(shape=(obs_dim,))
+        if "agent_args" in ckpt:
+            obs_dim, act_dim, discrete = ckpt["agent_args"]
+        else:  # saved before agent_args was: the stock network's first and last layers tell the sizes
+            discrete = "actor_logstd" not in state
+            obs_dim, act_dim = state["actor_mean.0.weight"].shape[1], state["actor_mean.4.weight"].shape[0]
+        agent, obs_rms = Agent(int(obs_dim), int(act_dim), bool(discrete)), RunningMeanStd(shape=(int(obs_dim),))
         agent.load_state_dict(state)
         agent.obs_layout = ckpt.get("obs_layout")
         obs_rms.load_state_dict(ckpt["obs_rms"])
@@ -605,8 +675,10 @@ class Policy:
     action = policy.predict(obs)           # one observation or a batch
     """
 
-    def __init__(self, agent: Agent, obs_rms: RunningMeanStd, saved_args: dict):
-        self.actor = NumpyPolicy(agent.numpy_weights())
+    def __init__(self, agent: Agent, obs_rms: RunningMeanStd, saved_args: dict, fast_path: bool = True):
+        fast = fast_path and check_acting(agent, agent.obs_dim, agent.act_dim) is None
+        self.agent = copy.deepcopy(agent).cpu()
+        self.actor = make_actor(self.agent, fast)
         self.env_id, self.obs_clip = saved_args["env_id"], saved_args["obs_clip"]
         self.obs_mean, self.obs_std = (
             (obs_rms.mean, np.sqrt(obs_rms.var + 1e-8)) if saved_args["norm_obs"] else (None, None)
@@ -624,7 +696,13 @@ class Policy:
         if deterministic:
             actions = self.actor.best_action(batch)
         else:
-            actions = self.actor.act(batch, rng or np.random.default_rng())[0]
+            rng = rng or np.random.default_rng()
+            noise = (
+                rng.random((len(batch), 1))
+                if self.agent.discrete
+                else rng.standard_normal(batch.shape[:1] + (self.agent.act_dim,))
+            )
+            actions = self.actor.act(batch, noise)
         if not self.actor.discrete:
             if self.low is None:
                 env = make_env(self.env_id)
@@ -671,10 +749,15 @@ def run_eval_checkpoint(args: Args) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 # Run bookkeeping (shared by both scripts): resume, seeding, run folder, logging, Ctrl-C/SIGTERM, summary
 # ---------------------------------------------------------------------------------------------------------------------
-def training_state(agent, optimizer, obs_rms, return_rms, args, global_step, iteration, wall_time, counters) -> dict:
+def optimizer_state(optimizer: optim.Optimizer, fast: FastPaths) -> dict:
+    """torch.optim's state_dict, from whichever path ran the steps."""
+    return optimizer.state_dict() if fast.update is None else fast.update.state_dict()
+
+
+def training_state(agent, optimizer_state, obs_rms, return_rms, args, global_step, iteration, wall_time, counters):
     """A checkpoint.pt: the saved model plus what a resumed run needs to continue exactly."""
     state = policy_state(agent, obs_rms, args, global_step)
-    state |= dict(optimizer=optimizer.state_dict(), return_rms=return_rms.state_dict(), iteration=iteration)
+    state |= dict(optimizer=optimizer_state, return_rms=return_rms.state_dict(), iteration=iteration)
     return state | dict(
         run_name=args.run_name, wall_time=wall_time, counters=dict(counters), torch_rng=torch.get_rng_state()
     )
@@ -701,7 +784,8 @@ def end_run(args, run_dir, monitor, status, save_checkpoint, agent, obs_rms, glo
     if status == "completed" and args.save_model:
         model_path = os.path.join(run_dir, f"{args.exp_name}.model")
         save_atomic(policy_state(agent, obs_rms, args, global_step), model_path)
-        returns = evaluate(Policy(agent, obs_rms, dataclasses.asdict(args)), args.eval_episodes, args.seed + 10**6)
+        policy = Policy(agent, obs_rms, dataclasses.asdict(args), args.fast_path)
+        returns = evaluate(policy, args.eval_episodes, args.seed + 10**6)
         for idx, episodic_return in enumerate(returns):
             monitor.writer.add_scalar("eval/episodic_return", episodic_return, idx)
         print(f"model saved to {model_path}; eval return {returns.mean():.2f} ± {returns.std():.2f}")
@@ -750,31 +834,44 @@ def train(args: Args) -> int:
         sampler.rng.bit_generator.state = ckpt["sampler_rng"]
     elif args.norm_obs and args.obs_warmup_steps:
         obs_rms.update_from_moments(*sampler.warm_up(args.obs_warmup_steps))
+    fast = start_fast_paths(agent, optimizer, args)
     writer = start_run(args, run_dir, resumed_at=global_step if ckpt is not None else None)
+    writer.add_text("fast_paths", fast.table())
     monitor = Monitor(args, writer, global_step, counters, act_dim, wall_time_before)
 
     def save_checkpoint() -> None:
+        wall_time, counters = monitor.wall_time(), monitor.counters
         state = training_state(
-            agent, optimizer, obs_rms, return_rms, args, global_step, iteration, monitor.wall_time(), monitor.counters
+            agent,
+            optimizer_state(optimizer, fast),
+            obs_rms,
+            return_rms,
+            args,
+            global_step,
+            iteration,
+            wall_time,
+            counters,
         )
         save_atomic(state | {"sampler_rng": sampler.rng.bit_generator.state}, os.path.join(run_dir, "checkpoint.pt"))
 
     with TrainingLoop(run_dir) as loop:
         while iteration < args.num_iterations and loop.signum is None:
             ent_coef = anneal(optimizer, args, iteration + 1)
-            sampler.set_policy(policy_weights(agent, obs_rms), iteration)
+            sampler.set_policy(policy_weights(agent, obs_rms, fast.acting), iteration)
             rollout = sampler.rollout(args.num_steps)
             global_step += rollout["rewards"].size
             monitor.episodes(rollout, global_step)
             update_statistics(rollout, obs_rms, return_rms, args)
             batch = prepare_batch(agent, rollout, return_rms, args)
-            stats, problem = ppo_update(optimizer, batch, args, ent_coef)
+            stats, problem = ppo_update(agent, optimizer, batch, args, ent_coef, fast)
             iteration += 1
-            schedules = {"charts/learning_rate": optimizer.lr, "charts/ent_coef": ent_coef}
+            schedules = {"charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/ent_coef": ent_coef}
             updated = monitor.update(stats, problem, batch, global_step, iteration, schedules)
             if updated and args.checkpoint_every and iteration % args.checkpoint_every == 0:
                 save_checkpoint()
-    end_run(args, run_dir, monitor, loop.status, save_checkpoint, agent, obs_rms, global_step, {})
+    end_run(
+        args, run_dir, monitor, loop.status, save_checkpoint, agent, obs_rms, global_step, {"fast_paths": fast.used}
+    )
     sampler.close()
     return loop.exit_status()
 

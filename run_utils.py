@@ -86,6 +86,7 @@ MACHINE_FLAGS |= {
     "actor_cpus",
     "object_store_memory",
     "no_ray",
+    "fast_path",
 }
 RESUMABLE_FLAGS = MACHINE_FLAGS | {"total_timesteps", "run_name", "eval_episodes", "checkpoint_every", "save_model"}
 RESUMABLE_FLAGS |= {"guard_patience", "batch_size", "minibatch_size", "num_iterations", "num_envs"}

@@ -3,9 +3,9 @@
     python benchmarks/iteration_profile.py                         # HalfCheetah-v5, about 30 s on 2 cores
     python benchmarks/iteration_profile.py --env-id Hopper-v5 --quick
 
-- The update: ms per minibatch of `ppo_update` (the StackedAdam path both scripts use) against the plain path written
-  the textbook way (Agent.evaluate, nn.utils.clip_grad_norm_, torch.optim.Adam with fused=True, which the scripts
-  used before), on a random batch of the env's shapes. Best of --repeats.
+- The update: ms per minibatch of `ppo_update` on its fast path (fast_paths.StackedUpdate) against the same function on
+  the plain path (autograd through Agent.evaluate and torch.optim.Adam, what --no-fast-path runs), on a random batch
+  of the env's shapes. Best of --repeats.
 - The rollout: us per env step of `Sampler.rollout` (what ppo_continuous.py and every DPPO actor run) against the
   bare `env.step` loop with the same envs, and the share of the rollout spent outside `env.step`.
 Prints a markdown table; with --out, writes it to that file too.
@@ -14,7 +14,7 @@ Prints a markdown table; with --out, writes it to that file too.
 from __future__ import annotations
 
 import argparse
-import copy
+import dataclasses
 import os
 import sys
 import time
@@ -24,28 +24,6 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ppo_continuous as ppo  # noqa: E402
-from gae import ppo_loss  # noqa: E402
-
-
-def plain_update(agent: ppo.Agent, optimizer: torch.optim.Optimizer, batch: dict, args: ppo.Args, ent_coef: float):
-    """The update written the textbook way (Agent.evaluate, clip_grad_norm_, torch.optim.Adam), drawing one
-    permutation per epoch from the same torch RNG as ppo_update: what StackedAdam's fast path is timed and tested
-    against (tests/test_ppo_continuous.py), and an update that fits any network. Returns each minibatch's loss."""
-    losses = []
-    for _ in range(args.update_epochs):
-        for mb in torch.tensor_split(torch.randperm(len(batch["advantages"])), args.num_minibatches):
-            logprob, entropy, value = agent.evaluate(batch["obs"][mb], batch["actions"][mb])
-            old = [batch[k][mb] for k in ("logprobs", "advantages", "values", "returns")]
-            stats = ppo_loss(
-                logprob, old[0], old[1], value, old[2], old[3], entropy, clip_coef=args.clip_coef,
-                clip_vloss=args.clip_vloss, ent_coef=ent_coef, vf_coef=args.vf_coef, norm_adv=args.norm_adv,
-            )  # fmt: skip
-            optimizer.zero_grad(set_to_none=True)
-            stats.loss.backward()
-            torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-            optimizer.step()
-            losses.append(stats.loss.item())
-    return losses
 
 
 def best_seconds(fn, repeats: int) -> float:
@@ -64,11 +42,14 @@ def profile_update(args: ppo.Args, obs_dim: int, act_dim: int, repeats: int) -> 
     batch |= dict(obs=torch.randn(n, obs_dim, generator=g), actions=torch.randn(n, act_dim, generator=g))
     batch |= dict(size=n, non_finite=0, outliers=0)
     agent, optimizer, _, _ = ppo.make_learner(args, obs_dim, act_dim, False, torch.device("cpu"))
-    plain = copy.deepcopy(agent)
-    torch_adam = torch.optim.Adam(plain.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    plain, plain_optimizer, _, _ = ppo.make_learner(args, obs_dim, act_dim, False, torch.device("cpu"))
+    fast = ppo.start_fast_paths(agent, optimizer, args)
+    plain_paths = ppo.start_fast_paths(plain, plain_optimizer, dataclasses.replace(args, fast_path=False))
     minibatches = args.update_epochs * args.num_minibatches
-    stacked = best_seconds(lambda: ppo.ppo_update(optimizer, batch, args, args.ent_coef), repeats)
-    textbook = best_seconds(lambda: plain_update(plain, torch_adam, batch, args, args.ent_coef), repeats)
+    stacked = best_seconds(lambda: ppo.ppo_update(agent, optimizer, batch, args, args.ent_coef, fast), repeats)
+    textbook = best_seconds(
+        lambda: ppo.ppo_update(plain, plain_optimizer, batch, args, args.ent_coef, plain_paths), repeats
+    )
     return dict(stacked_ms=1000 * stacked / minibatches, plain_ms=1000 * textbook / minibatches)
 
 
@@ -77,7 +58,7 @@ def profile_rollout(args: ppo.Args, steps: int, repeats: int) -> dict:
     obs_dim, act_dim, _ = ppo.check_spaces(args.env_id, sampler.envs[0])
     agent, _, obs_rms, _ = ppo.make_learner(args, obs_dim, act_dim, False, torch.device("cpu"))
     obs_rms.update_from_moments(*sampler.warm_up(256))
-    sampler.set_policy(ppo.policy_weights(agent, obs_rms), 0)
+    sampler.set_policy(ppo.policy_weights(agent, obs_rms, True), 0)
     rollout = best_seconds(lambda: sampler.rollout(steps), repeats)
     rng = np.random.default_rng(0)
     space = sampler.envs[0].action_space

@@ -21,9 +21,8 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "ppo_continuous.py"
 sys.path.insert(0, str(REPO))
 
-import gae  # noqa: E402
+import fast_paths  # noqa: E402
 import ppo_continuous  # noqa: E402
-from benchmarks.iteration_profile import plain_update  # noqa: E402
 
 # Small, fast settings: 2 iterations of 4 envs x 64 steps.
 SMALL = ["--num-envs", "4", "--num-steps", "64", "--num-minibatches", "4", "--update-epochs", "2", "--quiet"]
@@ -412,22 +411,31 @@ def perturbed_agent(obs_dim: int, act_dim: int, discrete: bool) -> ppo_continuou
     return agent
 
 
+@pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("discrete", [False, True])
-def test_numpy_policy_log_probability_matches_torch(discrete):
-    """The sampler's log-probability is the denominator of PPO's ratio: it must equal the learner's."""
+def test_actors_draw_from_the_agents_distribution_with_its_log_probability(discrete, fast):
+    """The sampler's log-probability is the denominator of PPO's ratio: it must equal the learner's, on the fast path
+    (NumpyActor) and the plain one (TorchActor); the best action is the distribution's mode."""
     agent = perturbed_agent(11, 3, discrete)
-    obs = np.random.default_rng(0).standard_normal((64, 11)).astype(np.float32)
-    policy = ppo_continuous.NumpyPolicy(agent.numpy_weights())
-    actions, logprobs = policy.act(obs, np.random.default_rng(1))
+    rng = np.random.default_rng(0)
+    obs = rng.standard_normal((64, 11)).astype(np.float32)
+    noise = rng.random((64, 1)) if discrete else rng.standard_normal((64, 3))
+    actor = ppo_continuous.make_actor(agent, fast)
+    assert isinstance(actor, fast_paths.NumpyActor if fast else ppo_continuous.TorchActor)
+    actions = actor.act(obs, noise)
+    logprobs = actor.log_prob(obs, actions, noise)
     torch_logprobs, _, _ = agent.evaluate(torch.from_numpy(obs), torch.as_tensor(actions, dtype=torch.float32))
     np.testing.assert_allclose(logprobs, torch_logprobs.detach().numpy(), rtol=1e-4, atol=1e-4)
-    best = policy.best_action(obs)
+    best = actor.best_action(obs)
     out = agent.actor_mean(torch.from_numpy(obs)).detach().numpy()
     np.testing.assert_allclose(best, out.argmax(1) if discrete else out, atol=1e-5)
     if discrete:  # sampled actions follow the categorical's probabilities
-        many = policy.act(np.repeat(obs[:1], 20000, 0), np.random.default_rng(2))[0]
+        many = actor.act(np.repeat(obs[:1], 20000, 0), rng.random((20000, 1)))
         probs = torch.softmax(torch.from_numpy(out[0]), 0).numpy()
         np.testing.assert_allclose(np.bincount(many, minlength=3) / 20000, probs, atol=0.015)
+    else:  # mean + std * noise, the std from the log-std parameter
+        expected = out + np.exp(agent.actor_logstd.detach().numpy()) * noise
+        np.testing.assert_allclose(actions, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_gaussian_logprob_and_entropy_match_torch_distributions():
@@ -459,18 +467,20 @@ def test_learns_pendulum(tmp_path):
     assert float(evaluation.stdout.split("mean return ")[1].split(" ")[0]) > -700
 
 
+@pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])
-def test_rollout_log_probs_and_actions_are_the_policys(env_id):
+def test_rollout_log_probs_and_actions_are_the_policys(env_id, fast):
     """The rollout draws its noise for all steps at once and computes the log-probabilities after it: the stored
-    log-probs must be the learner's for the stored (obs, action) pairs, and the actions those that NumpyPolicy.act
-    draws step by step from the same generator."""
+    log-probs must be the learner's for the stored (obs, action) pairs, and the actions those that the actor draws
+    step by step from the same generator, on either acting path."""
     args = ppo_continuous.Args(env_id=env_id)
     sampler = ppo_continuous.Sampler(env_id, 2, 0, args)
     obs_dim, act_dim, discrete = ppo_continuous.check_spaces(env_id, sampler.envs[0], allow_discrete=True)
     agent = perturbed_agent(obs_dim, act_dim, discrete)
     obs_rms = ppo_continuous.RunningMeanStd(shape=(obs_dim,))
     obs_rms.update_from_moments(*sampler.warm_up(32))
-    sampler.set_policy(ppo_continuous.policy_weights(agent, obs_rms), 0)
+    sampler.set_policy(ppo_continuous.policy_weights(agent, obs_rms, fast), 0)
+    assert isinstance(sampler.policy, fast_paths.NumpyActor if fast else ppo_continuous.TorchActor)
     replay = np.random.default_rng()
     replay.bit_generator.state = sampler.rng.bit_generator.state
     rollout = sampler.rollout(300)  # Pendulum's episodes end at 200: an episode end inside the rollout
@@ -479,9 +489,9 @@ def test_rollout_log_probs_and_actions_are_the_policys(env_id):
     actions = torch.from_numpy(rollout["actions"].reshape(600, *rollout["actions"].shape[2:]))
     learner_logprobs, _, _ = agent.evaluate(obs, actions)
     np.testing.assert_allclose(rollout["logprobs"].reshape(-1), learner_logprobs.detach().numpy(), rtol=1e-4, atol=1e-4)
-    if not discrete:  # the same stream of noise as one draw per step (discrete actions draw per step anyway)
+    if not discrete:  # the same stream of noise as one draw per step
         noise = np.stack([replay.standard_normal((2, act_dim)) for _ in range(300)])
-        policy = ppo_continuous.NumpyPolicy(ppo_continuous.policy_weights(agent, obs_rms))
+        policy = fast_paths.NumpyActor(agent)
         expected = policy.actor(rollout["obs"].reshape(600, obs_dim)) + policy.std * noise.reshape(600, act_dim)
         np.testing.assert_allclose(rollout["actions"].reshape(600, act_dim), expected, rtol=1e-5, atol=1e-5)
     sampler.close()
@@ -498,7 +508,7 @@ def test_rollout_acts_on_zeros_for_a_non_finite_observation_and_stores_its_row_a
     agent = perturbed_agent(obs_dim, act_dim, False)
     obs_rms = ppo_continuous.RunningMeanStd(shape=(obs_dim,))
     obs_rms.update(np.random.default_rng(1).normal(0.5, 2.0, size=(64, obs_dim)))
-    weights = ppo_continuous.policy_weights(agent, obs_rms)
+    weights = ppo_continuous.policy_weights(agent, obs_rms, True)
     sampler.set_policy(weights, 0)
     replay = np.random.default_rng()
     replay.bit_generator.state = sampler.rng.bit_generator.state
@@ -508,7 +518,7 @@ def test_rollout_acts_on_zeros_for_a_non_finite_observation_and_stores_its_row_a
     stored = rollout["obs"].reshape(800, obs_dim)
     bad = np.isnan(stored).any(axis=1)
     assert 4 <= bad.sum() <= 10 and np.isnan(stored[bad]).all()  # whole rows, and only the NaN observations
-    policy = ppo_continuous.NumpyPolicy(weights)
+    policy = fast_paths.NumpyActor(agent)
     acted_on = np.where(bad[:, None], 0.0, stored).astype(np.float32)
     noise = replay.standard_normal((400, 2, act_dim)).reshape(800, act_dim)
     actions = rollout["actions"].reshape(800, act_dim)
@@ -527,7 +537,7 @@ def test_rollout_episode_returns_and_lengths_carry_across_rollouts(env_id):
     sampler = ppo_continuous.Sampler(env_id, 3, 0, args)
     obs_dim, act_dim, discrete = ppo_continuous.check_spaces(env_id, sampler.envs[0], allow_discrete=True)
     obs_rms = ppo_continuous.RunningMeanStd(shape=(obs_dim,))
-    sampler.set_policy(ppo_continuous.policy_weights(perturbed_agent(obs_dim, act_dim, discrete), obs_rms), 0)
+    sampler.set_policy(ppo_continuous.policy_weights(perturbed_agent(obs_dim, act_dim, discrete), obs_rms, True), 0)
     rollouts = [sampler.rollout(70) for _ in range(10)]
     sampler.close()
     rewards = np.concatenate([r["rewards"] for r in rollouts])
@@ -554,47 +564,36 @@ def random_batch(n: int, obs_dim: int, act_dim: int, discrete: bool) -> dict:
     return batch | dict(logprobs=torch.randn(n, generator=g) - 3, size=n, non_finite=0, outliers=0)
 
 
-@pytest.mark.parametrize("discrete", [False, True])
-def test_stacked_adam_computes_what_the_plain_update_computes(discrete):
-    """StackedAdam runs both nets with batched matmuls over one flat buffer and steps Adam by hand: the same forward
-    pass, gradients and Adam steps as the plain Agent with clip_grad_norm_ and torch.optim.Adam, within float noise,
-    over a whole ppo_update (several epochs, so Adam's moments and bias correction are exercised too)."""
+def fast_update_for(agent: ppo_continuous.Agent, lr: float = 1e-3) -> fast_paths.FastPaths:
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5)
+    return optimizer, fast_paths.FastPaths(True, fast_paths.StackedUpdate(agent, optimizer))
+
+
+def test_stacked_update_computes_what_the_plain_update_computes():
+    """StackedUpdate runs both nets with batched matmuls over one flat buffer and steps Adam by hand: the same
+    parameters as the plain path (autograd and torch.optim.Adam) over a whole ppo_update, within float noise (several
+    epochs, so Adam's moments, its bias correction and the gradient clip are exercised too)."""
     import copy
 
     args = ppo_continuous.Args(update_epochs=3, num_minibatches=4, learning_rate=1e-3, max_grad_norm=0.5)
-    agent = perturbed_agent(11, 3, discrete)
+    agent = perturbed_agent(11, 3, False)
     reference = copy.deepcopy(agent)
-    optimizer = ppo_continuous.StackedAdam(agent, lr=args.learning_rate)
-    batch = random_batch(256, 11, 3, discrete)
-    obs, actions = batch["obs"][:32], batch["actions"][:32]
-    for fast, plain in zip(optimizer.evaluate(obs, actions), reference.evaluate(obs, actions)):
-        torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
-
+    optimizer, fast = fast_update_for(agent, args.learning_rate)
+    batch = random_batch(256, 11, 3, False)
     torch.manual_seed(7)
-    stats, problem = ppo_continuous.ppo_update(optimizer, batch, args, ent_coef=0.01)
+    stats, problem = ppo_continuous.ppo_update(agent, optimizer, batch, args, 0.01, fast)
     torch.manual_seed(7)
     torch_adam = torch.optim.Adam(reference.parameters(), lr=args.learning_rate, eps=1e-5)
-    losses = plain_update(reference, torch_adam, batch, args, ent_coef=0.01)
-    assert problem is None and np.isfinite(losses).all()
-    assert stats["losses/value_loss"] > 0
-    for (name, fast), plain in zip(agent.named_parameters(), reference.parameters()):
-        assert not torch.equal(fast, perturbed_agent(11, 3, discrete).state_dict()[name]), f"{name} did not move"
-        torch.testing.assert_close(fast, plain, rtol=1e-4, atol=1e-5, msg=name)
-
-    # The gradient of one more minibatch, and the optimizer state saved in torch.optim.Adam's format
-    def minibatch_loss(evaluate):
-        logprob, entropy, value = evaluate(obs, actions)
-        old = [batch[k][:32] for k in ("logprobs", "advantages", "values", "returns")]
-        return gae.ppo_loss(logprob, old[0], old[1], value, old[2], old[3], entropy, clip_coef=0.2,
-                                       clip_vloss=True, ent_coef=0.0, vf_coef=0.5).loss  # fmt: skip
-
-    optimizer.zero_grad()
-    minibatch_loss(optimizer.evaluate).backward()
-    reference.zero_grad()
-    minibatch_loss(reference.evaluate).backward()
-    for grad, plain in zip(optimizer.agent_views(optimizer.grads), reference.parameters()):
-        torch.testing.assert_close(grad, plain.grad, rtol=1e-4, atol=1e-6)
-    saved, expected = optimizer.state_dict(), torch_adam.state_dict()
+    plain_stats, plain_problem = ppo_continuous.ppo_update(
+        reference, torch_adam, batch, args, 0.01, fast_paths.FastPaths()
+    )
+    assert problem is None and plain_problem is None and stats["losses/value_loss"] > 0
+    for key, value in plain_stats.items():
+        assert value == pytest.approx(stats[key], rel=1e-3, abs=1e-5), key
+    for (name, fast_param), plain in zip(agent.named_parameters(), reference.parameters()):
+        assert not torch.equal(fast_param, perturbed_agent(11, 3, False).state_dict()[name]), f"{name} did not move"
+        torch.testing.assert_close(fast_param, plain, rtol=1e-4, atol=1e-5, msg=name)
+    saved, expected = fast.update.state_dict(), torch_adam.state_dict()
     assert len(saved["state"]) == len(expected["state"]) == len(list(agent.parameters()))
     for i, state in expected["state"].items():
         assert int(saved["state"][i]["step"]) == int(state["step"]) == args.update_epochs * args.num_minibatches
@@ -602,42 +601,58 @@ def test_stacked_adam_computes_what_the_plain_update_computes(discrete):
             torch.testing.assert_close(saved["state"][i][key], state[key], rtol=1e-3, atol=1e-8)
 
 
-@pytest.mark.parametrize("clip_vloss", [False, True])
-@pytest.mark.parametrize("ent_coef", [0.0, 0.01])
-@pytest.mark.parametrize("decoupled", [False, True])
-def test_analytic_backward_matches_autograd(clip_vloss, ent_coef, decoupled):
-    """Box actions take StackedAdam's written-out backward (no autograd): the same loss, the same gradient of every
-    parameter and the same diagnostics as autograd through the same nets, on a minibatch where both clips bite."""
+def agent_with(activation: type[torch.nn.Module], hidden_layers: int = 2) -> ppo_continuous.Agent:
+    """The Agent with another activation or depth, as a researcher would edit mlp()."""
     agent = perturbed_agent(11, 3, False)
-    optimizer = ppo_continuous.StackedAdam(agent, lr=1e-3)
-    batch = random_batch(64, 11, 3, False)
-    with torch.no_grad():  # old log-probs and values near the current ones, so that some samples are clipped
-        logprobs, _, values = agent.evaluate(batch["obs"], batch["actions"])
-    g = torch.Generator().manual_seed(4)
-    minibatch = [batch["obs"], batch["actions"], logprobs + 0.5 * torch.randn(64, generator=g), batch["advantages"]]
-    minibatch += [values + 0.5 * torch.randn(64, generator=g), batch["returns"]]
+    for name in ("actor_mean", "critic"):
+        net, layers = getattr(agent, name), []
+        for i in range(hidden_layers):
+            layers += [torch.nn.Linear(11 if i == 0 else 64, 64), activation()]
+        setattr(agent, name, torch.nn.Sequential(*layers, torch.nn.Linear(64, net[-1].out_features)))
+    return agent
+
+
+@pytest.mark.parametrize(
+    "activation, hidden_layers",
+    [
+        (torch.nn.Tanh, 2),
+        (torch.nn.ReLU, 2),
+        (torch.nn.SiLU, 2),
+        (torch.nn.ELU, 2),
+        (torch.nn.LeakyReLU, 2),
+        (torch.nn.Sigmoid, 2),
+        (torch.nn.Tanh, 3),
+        (torch.nn.ReLU, 1),
+    ],
+)
+@pytest.mark.parametrize("clip_vloss, ent_coef, decoupled", [(True, 0.0, False), (False, 0.01, True)])
+def test_analytic_backward_matches_autograd(activation, hidden_layers, clip_vloss, ent_coef, decoupled):
+    """StackedUpdate's written-out backward (no autograd) gives the loss, diagnostics and gradient of every parameter
+    that autograd gives through Agent.evaluate and gae.ppo_loss, for every activation and depth it accepts, on the
+    synthetic minibatch of the start-up check (every branch of both clips)."""
+    import copy
+
+    agent = agent_with(activation, hidden_layers) if (activation, hidden_layers) != (torch.nn.Tanh, 2) else None
+    agent = agent or perturbed_agent(11, 3, False)
+    reference = copy.deepcopy(agent)
+    _, fast = fast_update_for(agent)
+    minibatch = fast_paths.synthetic_minibatch(reference, 11, 0.2, decoupled)
     kw = dict(clip_coef=0.2, clip_vloss=clip_vloss, ent_coef=ent_coef, vf_coef=0.5, norm_adv=True)
-    kw |= dict(behaviour_logprob=minibatch[2] + 0.3 * torch.randn(64, generator=g) if decoupled else None)
-    assert optimizer.analytic
-    written_out = optimizer.loss_and_gradients(*minibatch, **kw)
-    grads = optimizer.grads.clone()
-    optimizer.analytic = False
-    reference = optimizer.loss_and_gradients(*minibatch, **kw)
-    assert 0 < reference.clipfrac.item() < 1
+    written_out = fast.update.loss_and_gradients(minibatch, **kw)
+    plain = ppo_continuous.loss_and_gradients(reference, torch.optim.SGD(reference.parameters()), minibatch, **kw)
+    assert 0 < plain.clipfrac.item() < 1
     for name in ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "old_approx_kl", "clipfrac"):
-        torch.testing.assert_close(getattr(written_out, name), getattr(reference, name).detach(), msg=name)
-    for name, fast, plain in zip(
-        [n for n, _ in agent.named_parameters()], optimizer.agent_views(grads), optimizer.agent_views(optimizer.grads)
-    ):
-        assert plain.abs().max() > 0, name
-        torch.testing.assert_close(fast, plain, rtol=1e-4, atol=1e-6, msg=name)
-    padding = optimizer.unflatten(grads)
-    assert not padding[4][1, 1:].any() and not padding[5][1, 0, 1:].any()  # the critic's padded outputs stay 0
+        torch.testing.assert_close(getattr(written_out, name), getattr(plain, name).detach(), msg=name)
+    for (name, fast_param), plain_param in zip(agent.named_parameters(), reference.parameters()):
+        assert plain_param.grad.abs().max() > 0, name
+        torch.testing.assert_close(fast_param.grad, plain_param.grad, rtol=1e-4, atol=1e-6, msg=name)
+    layers = fast.update.unflatten(fast.update.grads)
+    assert not layers[-3][1, 1:].any() and not layers[-2][1, 0, 1:].any()  # the critic's padded outputs stay 0
 
 
-def test_stacked_adam_resumes_from_a_torch_adam_state():
-    """A checkpoint's optimizer state (torch.optim.Adam's format, as older checkpoints hold it) loads into
-    StackedAdam, and the next step matches torch.optim.Adam's from the same state."""
+def test_stacked_update_resumes_from_a_torch_adam_state():
+    """A checkpoint's optimizer state (torch.optim.Adam's format, which both paths save) loaded into the optimizer
+    reaches StackedUpdate, and the next step matches torch.optim.Adam's from the same state."""
     import copy
 
     agent = perturbed_agent(5, 2, False)
@@ -646,26 +661,85 @@ def test_stacked_adam_resumes_from_a_torch_adam_state():
     for p in reference.parameters():
         p.grad = torch.randn_like(p)
     torch_adam.step()
-    optimizer = ppo_continuous.StackedAdam(agent, lr=0.5)
     agent.load_state_dict(reference.state_dict())
+    optimizer = torch.optim.Adam(agent.parameters(), lr=0.5, eps=1e-5)
     optimizer.load_state_dict(torch_adam.state_dict())
-    assert optimizer.lr == 1e-3 and optimizer.steps == 1
-    for p, grad in zip(reference.parameters(), optimizer.agent_views(optimizer.grads)):
+    update = fast_paths.StackedUpdate(agent, optimizer)
+    assert update.group["lr"] == 1e-3 and update.steps == 1
+    for p, fast_p in zip(reference.parameters(), agent.parameters()):
         p.grad = torch.randn_like(p)
-        grad.copy_(p.grad)
+        fast_p.grad.copy_(p.grad)
     torch_adam.step()
-    optimizer.step()
-    for fast, plain in zip(agent.parameters(), reference.parameters()):
-        torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-6)
+    update.step()
+    for fast_p, plain in zip(agent.parameters(), reference.parameters()):
+        torch.testing.assert_close(fast_p, plain, rtol=1e-5, atol=1e-6)
+    other = perturbed_agent(5, 2, False)
     with pytest.raises(ValueError, match="parameters"):
-        ppo_continuous.StackedAdam(ppo_continuous.Agent(5, 2, True), lr=1e-3).load_state_dict(torch_adam.state_dict())
+        fast_update_for(other)[1].update.load_state_dict({"state": {0: {}}, "param_groups": [{"lr": 1.0}]})
 
 
-def test_stacked_adam_refuses_a_network_of_another_shape_with_one_line():
-    agent = ppo_continuous.Agent(5, 2)
-    agent.critic[2], agent.critic[4] = torch.nn.Linear(64, 32), torch.nn.Linear(32, 1)
-    with pytest.raises(ppo_continuous.UsageError, match="critic.2.weight .32, 64.: for another network use"):
-        ppo_continuous.StackedAdam(agent, lr=1e-3)
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ("critic width", "different widths"),
+        ("layer norm", "LayerNorm"),
+        ("sgd", "SGD"),
+        ("adam weight decay", "weight_decay"),
+        ("discrete", "discrete actions"),
+    ],
+)
+def test_a_network_or_optimizer_the_stacked_update_cannot_run_is_refused_with_its_reason(change, reason):
+    agent = perturbed_agent(5, 2, change == "discrete")
+    if change == "critic width":
+        agent.critic[2], agent.critic[4] = torch.nn.Linear(64, 32), torch.nn.Linear(32, 1)
+    if change == "layer norm":
+        agent.actor_mean.insert(1, torch.nn.LayerNorm(64))
+        agent.critic.insert(1, torch.nn.LayerNorm(64))
+    optimizer = {
+        "sgd": torch.optim.SGD(agent.parameters(), lr=1e-3),
+        "adam weight decay": torch.optim.Adam(agent.parameters(), weight_decay=1e-4),
+    }.get(change, torch.optim.Adam(agent.parameters()))
+    with pytest.raises(fast_paths.DoesNotFit, match=reason):
+        fast_paths.StackedUpdate(agent, optimizer)
+    settings = [dict(clip_coef=0.2, clip_vloss=True, ent_coef=0.0, vf_coef=0.5, norm_adv=True)]
+    plain = (ppo_continuous.loss_and_gradients, ppo_continuous.clip_gradients)
+    fast, lines = fast_paths.choose_fast_paths(agent, optimizer, 5, 2, settings, False, True, plain)
+    assert fast.update is None and fast.acting  # LayerNorm included: numpy runs that one layer in torch
+    assert len(lines) == 1 and lines[0].startswith("fast update off:") and reason in lines[0]
+
+
+def test_the_start_up_check_catches_a_fast_path_that_drifts_from_the_definition(monkeypatch):
+    """The check compares numbers, not shapes: a wrong derivative in the written-out backward, or a gradient clip
+    edited to treat tensors one by one, makes the update step aside; a numpy actor that no longer mirrors the Agent
+    makes acting step aside."""
+    agent = perturbed_agent(5, 2, False)
+    optimizer = torch.optim.Adam(agent.parameters(), eps=1e-5)
+    settings = [dict(clip_coef=0.2, clip_vloss=True, ent_coef=0.0, vf_coef=0.5, norm_adv=True)]
+    plain = (ppo_continuous.loss_and_gradients, ppo_continuous.clip_gradients)
+    fast, lines = fast_paths.choose_fast_paths(agent, optimizer, 5, 2, settings, False, True, plain)
+    assert fast.acting and fast.update is not None and lines == []
+
+    def per_tensor_clip(gradients, max_norm):
+        for g in gradients:
+            norm = float(g.norm())
+            if norm > max_norm:
+                g.mul_(max_norm / norm)
+        return max(float(g.norm()) for g in gradients)
+
+    for drift in ("derivative", "clip", "actor"):
+        agent = agent_with(torch.nn.ReLU)  # 11 observations, 3 actions
+        optimizer = torch.optim.Adam(agent.parameters(), eps=1e-5)
+        checked = (ppo_continuous.loss_and_gradients, per_tensor_clip) if drift == "clip" else plain
+        with monkeypatch.context() as m:
+            if drift == "derivative":
+                m.setitem(fast_paths.DERIVATIVES, torch.nn.ReLU, lambda module, u, h: torch.ones_like(u))
+            if drift == "actor":
+                m.setattr(fast_paths, "numpy_layer", lambda module: fast_paths.torch_layer(torch.nn.Tanh()))
+            fast, lines = fast_paths.choose_fast_paths(agent, optimizer, 11, 3, settings, False, True, checked)
+        if drift == "actor":
+            assert not fast.acting and len(lines) == 1 and lines[0].startswith("fast acting off: it differs")
+        else:
+            assert fast.update is None and len(lines) == 1 and "differs from autograd" in lines[0], lines
 
 
 @pytest.mark.parametrize("with_statistics", [True, False])
