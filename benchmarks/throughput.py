@@ -13,6 +13,9 @@ The default <out-dir> is a new folder benchmarks/results/local/<UTC date-time>/,
 Measured per env and repeat, implementations interleaved (raw, ppo, sb3, raw, ppo, sb3, ...) to spread machine noise:
   raw      the random-action step loop of one gym.make env, in this process (the ceiling any learner can reach);
   ppo      ppo_continuous.py as a subprocess in a fresh temporary working directory;
+  ppo_plain, ppo_relu, ppo_third_layer
+           the same with --no-fast-path, and on copies of the code with ReLU for tanh or a third hidden layer
+           (benchmarks/edits.py): what a researcher's edit costs;
   sb3      benchmarks/sb3_ppo.py the same way;
   dppo_sync, dppo_async
            dppo_ray.py with --num-actors actors, each sampling num_steps / actors steps (same batch);
@@ -54,6 +57,7 @@ from common import (
     venv_python,
     venvs_epilog,
 )
+from edits import edited_copy
 from throughput_report import results_header, write_report
 
 PROG = "throughput.py"
@@ -137,6 +141,26 @@ def run_summary_script(
 
 def run_ppo(env_id: str, seed: int, cfg) -> Result:
     return run_summary_script("ppo", "ppo_continuous.py", env_id, seed, cfg, PPO_FLAGS)
+
+
+def run_ppo_plain(env_id: str, seed: int, cfg) -> Result:
+    """ppo_continuous.py with --no-fast-path: torch acting, autograd and torch.optim.Adam."""
+    return run_summary_script("ppo_plain", "ppo_continuous.py", env_id, seed, cfg, [*PPO_FLAGS, "--no-fast-path"])
+
+
+def run_edited_ppo(edit: str, env_id: str, seed: int, cfg) -> Result:
+    """ppo_continuous.py with one of edits.py's research edits, made to a copy of the code."""
+    with tempfile.TemporaryDirectory(prefix=f"tp_{edit}_") as parent:
+        script = str(edited_copy(parent, edit) / "ppo_continuous.py")
+        return run_summary_script(f"ppo_{edit}", script, env_id, seed, cfg, PPO_FLAGS)
+
+
+def run_ppo_relu(env_id: str, seed: int, cfg) -> Result:
+    return run_edited_ppo("relu", env_id, seed, cfg)
+
+
+def run_ppo_third_layer(env_id: str, seed: int, cfg) -> Result:
+    return run_edited_ppo("third_hidden_layer", env_id, seed, cfg)
 
 
 def run_sb3(env_id: str, seed: int, cfg) -> Result:
@@ -247,6 +271,9 @@ def run_cleanrl(env_id: str, seed: int, cfg) -> Result:
 IMPLS: dict[str, Callable[[str, int, argparse.Namespace], Result]] = {
     "raw": run_raw,
     "ppo": run_ppo,
+    "ppo_plain": run_ppo_plain,
+    "ppo_relu": run_ppo_relu,
+    "ppo_third_layer": run_ppo_third_layer,
     "sb3": run_sb3,
     "dppo_sync": run_dppo_sync,
     "dppo_async": run_dppo_async,

@@ -27,6 +27,9 @@ SPARE_COLORS = ["#e377c2", "#17becf", "#bcbd22", "#2ca02c", "#d62728", "#9467bd"
 INLOOP_NOTES = {
     "raw": "raw = the bare `env.step` loop in this process, the ceiling for any learner with one env",
     "ppo": "ppo_continuous.py `env_steps / wall_time_seconds` from summary.json",
+    "ppo_plain": "the same, with --no-fast-path",
+    "ppo_relu": "the same, on a copy with ReLU for tanh (benchmarks/edits.py)",
+    "ppo_third_layer": "the same, on a copy with a third hidden layer (benchmarks/edits.py)",
     "sb3": "sb3_ppo.py `sps` (time of `model.learn`)",
     "dppo_sync": "dppo_ray.py `env_steps / wall_time_seconds` from summary.json",
     "dppo_async": "dppo_ray.py `env_steps / wall_time_seconds` from summary.json",
