@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+import torch
 import tyro
 from tqdm import tqdm
 
@@ -40,14 +41,19 @@ import ppo_continuous as ppo
 from run_utils import (
     PROG,
     Monitor,
+    RunState,
     TrainingLoop,
     UsageError,
+    cli,
+    end_run,
     quiet_mujoco_log,
+    require_positive,
+    restore_training,
     resume_checkpoint,
     run_folder,
     save_atomic,
     seed_everything,
-    start_run,
+    training_checkpoint,
 )
 
 
@@ -94,7 +100,7 @@ class Args(ppo.Args):
 
 
 def validate_args(args: Args) -> None:
-    ppo.require_positive(args, ["num_actors", "num_envs_per_actor", "sync_every", "actor_cpus", "max_is_weight"])
+    require_positive(args, ["num_actors", "num_envs_per_actor", "sync_every", "actor_cpus", "max_is_weight"])
     if args.max_policy_lag < 0:
         raise UsageError("--max-policy-lag must be >= 0")
     if args.no_ray and args.ray_address:
@@ -136,8 +142,10 @@ class ActorPool:
     """The rollout actors and the learner's side of talking to them: rollouts in flight, weight broadcasts, and
     re-syncing an actor that Ray restarted (max_restarts=-1, same constructor arguments) after it died."""
 
-    def __init__(self, args: Args, ray_module, run_dir: str, global_step: int, counters: dict):
-        self.ray, self.args, self.counters = ray_module, args, counters
+    def __init__(self, args: Args, ray_module, run_dir: str, state: RunState):
+        self.ray = ray_module
+        self.args = args
+        self.counters = state.counters  # the run's event counts: restarts, lost and dropped rollouts
         actor_cls = RolloutActor
         if ray_module is not None:
             actor_cls = ray_module.remote(RolloutActor).options(num_cpus=args.actor_cpus, max_restarts=-1)
@@ -145,12 +153,13 @@ class ActorPool:
         self.actors = []
         for index in range(args.num_actors):
             # A resumed run starts new random streams rather than replaying the first iterations' noise.
-            seed = args.seed + 1000 * (index + 1) + global_step
+            seed = args.seed + 1000 * (index + 1) + state.global_step
             actor_args = dataclasses.replace(args, capture_video=args.capture_video and index == 0)
-            init = (args.env_id, args.num_envs_per_actor, seed, actor_args, video_dir)
+            init = (args.env_id, args.num_envs_per_actor, seed, actor_args, video_dir, True)
             self.actors.append(RolloutActor(*init) if ray_module is None else actor_cls.remote(*init))
         self.in_flight: dict = {}  # ref -> actor index
-        self.weights_ref, self.version = None, -1
+        self.weights_ref = None
+        self.version = -1
 
     def call(self, index: int, method: str, *call_args):
         if self.ray is None:
@@ -174,7 +183,8 @@ class ActorPool:
         """One ray.put of the numpy weights and observation statistics, then one small call per actor. Sync mode
         waits for the acknowledgements, so that the next rollouts surely use the new weights."""
         start = time.perf_counter()
-        self.weights_ref, self.version = weights if self.ray is None else self.ray.put(weights), version
+        self.weights_ref = weights if self.ray is None else self.ray.put(weights)
+        self.version = version
         acks = [self.call(i, "set_policy", self.weights_ref, version) for i in range(len(self.actors))]
         for ack in acks if self.args.mode == "sync" else []:
             try:
@@ -314,7 +324,9 @@ def train(args: Args) -> int:
     ckpt = resume_checkpoint(args)
     quiet_mujoco_log()
     env = ppo.make_env(args.env_id)  # a bad env id fails here, before Ray starts
-    spaces = (*ppo.check_spaces(args.env_id, env, allow_discrete=True), env.obs_layout)
+    space = env.action_space
+    bounds = [space.low, space.high] if hasattr(space, "low") else None
+    spaces = (*ppo.check_spaces(args.env_id, env, allow_discrete=True), env.obs_layout, bounds)
     env.close()
     device = seed_everything(args)
     run_dir = run_folder(args)
@@ -333,85 +345,98 @@ def train(args: Args) -> int:
             ray.shutdown()
 
 
+def decouple(batch: dict, agent) -> dict:
+    """--stale-correction decoupled (Hilton et al. 2021): the clip is anchored to the learner's current policy (the
+    proximal one), and the policy that sampled the data becomes the behaviour policy of gae.ppo_loss's weight."""
+    with torch.no_grad():
+        batch["behaviour_logprobs"] = batch["logprobs"]
+        batch["logprobs"] = agent.evaluate(batch["obs"], batch["actions"])[0]
+    return batch
+
+
 def learn(args: Args, ray, ckpt: dict | None, spaces: tuple, run_dir: str, device) -> int:
     """The learner: agent, optimizer and statistics (restored from `ckpt` on --resume), the actors, the loop.
-    `spaces`: the env's (obs_dim, act_dim, discrete, obs_layout)."""
-    obs_dim, act_dim, discrete, obs_layout = spaces
-    agent, optimizer, obs_rms, return_rms = ppo.make_learner(args, obs_dim, act_dim, discrete, device)
-    agent.obs_layout = obs_layout
-    global_step, version, wall_time_before, counters = 0, 0, 0.0, {}
-    if ckpt is not None:
-        global_step, version, wall_time_before, counters = ppo.restore_training(
-            ckpt, agent, optimizer, obs_rms, return_rms, args.resume
-        )
-    counters = {"dropped_rollouts": 0, "actor_restarts": 0, "lost_rollouts": 0} | counters
+    `spaces`: the env's (obs_dim, act_dim, discrete, obs_layout, action_bounds)."""
+    obs_dim, act_dim, discrete, obs_layout, action_bounds = spaces
+    learner = ppo.make_learner(args, obs_dim, act_dim, discrete, device)
+    learner.agent.obs_layout = obs_layout
+    learner.agent.action_bounds = action_bounds
+    state = RunState() if ckpt is None else restore_training(ckpt, learner, args.resume)
+    for key in ("dropped_rollouts", "actor_restarts", "lost_rollouts"):
+        state.counters.setdefault(key, 0)
     decoupled = args.stale_correction == "decoupled"
-    fast = ppo.start_fast_paths(agent, optimizer, args, decoupled)
-    pool = ActorPool(args, ray, run_dir, global_step, counters)
+    ppo.start_fast_paths(learner, args, decoupled)
+    pool = ActorPool(args, ray, run_dir, state)
     if ckpt is None and args.norm_obs and args.obs_warmup_steps:
         for ref in [pool.call(i, "warm_up", args.obs_warmup_steps) for i in range(args.num_actors)]:
-            obs_rms.update_from_moments(*pool.get(ref))
-    writer = start_run(args, run_dir, resumed_at=global_step if ckpt is not None else None)
-    writer.add_text("fast_paths", fast.table())
-    monitor = Monitor(args, writer, global_step, counters, act_dim, wall_time_before)
+            learner.obs_rms.update_from_moments(*pool.get(ref))
+    monitor = Monitor(args, run_dir, state, act_dim, learner.fast)
     actor_nodes: set[str] = set()
 
     def save_checkpoint() -> None:
-        wall_time, counters = monitor.wall_time(), monitor.counters
-        optimizer_state = ppo.optimizer_state(optimizer, fast)
-        state = ppo.training_state(
-            agent, optimizer_state, obs_rms, return_rms, args, global_step, version, wall_time, counters
-        )
-        save_atomic(state, os.path.join(run_dir, "checkpoint.pt"))
+        save_atomic(training_checkpoint(learner, args, state, monitor), os.path.join(run_dir, "checkpoint.pt"))
 
-    sync_seconds, last_broadcast = pool.broadcast(ppo.policy_weights(agent, obs_rms, fast.acting), version), version
-    learner_seconds = dict(wait=0.0, prepare=0.0, update=0.0, broadcast=sync_seconds)  # where the learner's time goes
+    sync_seconds = pool.broadcast(ppo.policy_weights(learner), state.iteration)
+    last_broadcast = state.iteration
+    learner_seconds = {"wait": 0.0, "prepare": 0.0, "update": 0.0, "broadcast": sync_seconds}  # where its time goes
     if args.mode == "async":
         for i in range(args.num_actors):
             pool.submit(i)
     with TrainingLoop(run_dir) as loop:
-        while version < args.num_iterations and loop.signum is None:
-            ent_coef = ppo.anneal(optimizer, args, version + 1)
+        while state.iteration < args.num_iterations and loop.signum is None:
+            version = state.iteration  # the learner's policy version: the number of updates so far
+            ent_coef = ppo.anneal(learner.optimizer, args, version + 1)
             wait_start = time.perf_counter()
             rollouts, dropped = pool.gather(version)
             wait_seconds = time.perf_counter() - wait_start
             for rollout in dropped + rollouts:
-                global_step += rollout["rewards"].size
-                monitor.episodes(rollout, global_step)
-                ppo.update_statistics(rollout, obs_rms, return_rms, args)
+                state.global_step += rollout["rewards"].size
+                monitor.episodes(rollout)
+                ppo.update_statistics(rollout, learner, args)
             lags = [version - int(r["policy_version"]) for r in rollouts]
             actor_speed = float(np.mean([r["rewards"].size / float(r["sample_seconds"]) for r in rollouts]))
             actor_nodes.update(str(r["node_id"]) for r in rollouts)
-            batch = ppo.prepare_batch(agent, stack_rollouts(rollouts), return_rms, args, decoupled)
+            batch = ppo.prepare_batch(learner, stack_rollouts(rollouts), args)
+            if decoupled:
+                batch = decouple(batch, learner.agent)
             update_start = time.perf_counter()
             learner_seconds["prepare"] += update_start - wait_start - wait_seconds
-            stats, problem = ppo.ppo_update(agent, optimizer, batch, args, ent_coef, fast)
+            stats, problem = ppo.ppo_update(learner, batch, args, ent_coef)
             update_seconds = time.perf_counter() - update_start
             learner_seconds["wait"] += wait_seconds
             learner_seconds["update"] += update_seconds
-            version += 1
-            if broadcast_due(args, version, last_broadcast):
-                sync_seconds, last_broadcast = (
-                    pool.broadcast(ppo.policy_weights(agent, obs_rms, fast.acting), version),
-                    version,
-                )
+            state.iteration += 1
+            if broadcast_due(args, state.iteration, last_broadcast):
+                sync_seconds = pool.broadcast(ppo.policy_weights(learner), state.iteration)
+                last_broadcast = state.iteration
                 learner_seconds["broadcast"] += sync_seconds
-            extra = {"charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/ent_coef": ent_coef}
-            extra |= {"charts/policy_lag_min": min(lags), "charts/policy_lag_max": max(lags)}
-            extra |= {"charts/policy_lag_mean": float(np.mean(lags))}
-            extra |= {
-                f"charts/{k}": monitor.counters[k] for k in ("dropped_rollouts", "actor_restarts", "lost_rollouts")
+            extra = {
+                "charts/learning_rate": learner.optimizer.param_groups[0]["lr"],
+                "charts/ent_coef": ent_coef,
+                "charts/policy_lag_min": min(lags),
+                "charts/policy_lag_max": max(lags),
+                "charts/policy_lag_mean": float(np.mean(lags)),
+                "charts/dropped_rollouts": state.counters["dropped_rollouts"],
+                "charts/actor_restarts": state.counters["actor_restarts"],
+                "charts/lost_rollouts": state.counters["lost_rollouts"],
+                "perf/learner_update_seconds": update_seconds,
+                "perf/learner_wait_seconds": wait_seconds,
+                "perf/weight_sync_seconds": sync_seconds,
+                "perf/actor_env_steps_per_second": actor_speed,
             }
-            extra |= {"perf/learner_update_seconds": update_seconds, "perf/learner_wait_seconds": wait_seconds}
-            extra |= {"perf/weight_sync_seconds": sync_seconds, "perf/actor_env_steps_per_second": actor_speed}
-            updated = monitor.update(stats, problem, batch, global_step, version, extra)
-            if updated and args.checkpoint_every and version % args.checkpoint_every == 0:
+            updated = monitor.update(stats, problem, batch, extra)
+            if updated and args.checkpoint_every and state.iteration % args.checkpoint_every == 0:
                 save_checkpoint()
-    extra = {"learner_updates": version, "actor_nodes": len(actor_nodes), "fast_paths": fast.used}
-    extra["learner_seconds"] = {k: round(v, 2) for k, v in learner_seconds.items()}
-    ppo.end_run(args, run_dir, monitor, loop.status, save_checkpoint, agent, obs_rms, global_step, extra)
+    if loop.keeps_state:
+        save_checkpoint()
+    extra = {
+        "learner_updates": state.iteration,
+        "actor_nodes": len(actor_nodes),
+        "learner_seconds": {k: round(v, 2) for k, v in learner_seconds.items()},
+    }
+    end_run(monitor, loop.status, learner, state, ppo, extra)
     return loop.exit_status()
 
 
 if __name__ == "__main__":
-    sys.exit(ppo.cli(Args, validate_args, train))
+    sys.exit(cli(Args, validate_args, train, ppo))

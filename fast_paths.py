@@ -182,7 +182,8 @@ def stacked_layers(agent: nn.Module) -> tuple[list[int], list[nn.Module]]:
                 raise DoesNotFit(f"{type(module).__name__} in {name}: a layer it cannot stack")
     if len(actor) != len(critic) or len(actor) % 2 == 0:
         raise DoesNotFit("the actor and the critic are not MLPs of the same depth")
-    linear, activations = list(range(0, len(actor), 2)), []
+    linear = list(range(0, len(actor), 2))
+    activations = []
     for i, (a, c) in enumerate(zip(actor, critic)):
         if i % 2 == 0:
             if not (
@@ -232,7 +233,8 @@ class StackedUpdate:
     def __init__(self, agent: nn.Module, optimizer: torch.optim.Optimizer):
         self.linear, self.activations = stacked_layers(agent)
         self.group = adam_settings(optimizer, agent)
-        self.agent, self.steps = agent, 0
+        self.agent = agent
+        self.steps = 0
         actor, critic = agent.actor_mean, agent.critic
         self.shapes = [(2, actor[i].out_features, actor[i].in_features) for i in self.linear]
         self.shapes = [s for shape in self.shapes for s in (shape, (2, 1, shape[1]))] + [(1, actor[-1].out_features)]
@@ -277,7 +279,8 @@ class StackedUpdate:
         """Both nets at once: the inputs of each linear layer, the pre-activations of each hidden one, and the
         outputs (2, rows, out): the actor's mean, and the critic's value in column 0."""
         *layers, _ = self.stacked
-        h, inputs, pre_activations = obs.expand(2, *obs.shape), [], []
+        h = obs.expand(2, *obs.shape)
+        inputs, pre_activations = [], []
         for k in range(len(self.linear) - 1):
             weight, bias = layers[2 * k], layers[2 * k + 1]
             inputs.append(h)
@@ -537,11 +540,12 @@ def adam_options(optimizer: torch.optim.Optimizer) -> dict:
 
 
 def choose_fast_paths(
-    agent, optimizer, obs_dim: int, act_dim: int, loss_settings: list[dict], decoupled: bool, enabled: bool, plain
+    agent, optimizer, loss_settings: list[dict], decoupled: bool, enabled: bool, plain
 ) -> tuple[FastPaths, list[str]]:
     """Check each fast path against the plain path on copies of the run's agent and optimizer, with each of the
-    run's loss settings; returns which parts run fast, and one line for each part that steps aside. `plain` is
-    ppo_continuous.loss_and_gradients. With enabled=False (--no-fast-path) nothing is checked."""
+    run's loss settings; returns which parts run fast, and one line for each part that steps aside. `plain`:
+    ppo_continuous.py's (loss_and_gradients, clip_gradients). With enabled=False (--no-fast-path) nothing is checked."""
+    obs_dim, act_dim = agent.obs_dim, agent.act_dim
     plain_acting = "torch (Agent.get_distribution)"
     plain_update = f"autograd (loss.backward()) and torch.optim.{type(optimizer).__name__}"
     if not enabled:

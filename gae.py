@@ -43,7 +43,7 @@ def compute_gae(
     """
     if not (rewards.shape == values.shape == next_values.shape == terminations.shape == truncations.shape):
         raise ValueError("compute_gae: all inputs must have the same (T, N) shape")
-    # The recursion is inherently sequential in T; numpy float64 keeps it exact and is ~10x cheaper per step than
+    # The recursion is inherently sequential in T; numpy float64 keeps it exact and is far cheaper per step than
     # launching torch ops on tiny tensors.
     r = rewards.detach().cpu().double().numpy()
     v = values.detach().cpu().double().numpy()
@@ -244,6 +244,29 @@ def finite_moments(batch: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     # sum/count rather than np.mean/np.var: the Python wrappers of those cost more than the arithmetic here.
     mean = batch.sum(axis=0) / count
     return mean, np.square(batch - mean).sum(axis=0) / count, count
+
+
+def normalize_obs(
+    raw: np.ndarray,
+    mean: np.ndarray | None,
+    std: np.ndarray | None,
+    clip: float,
+    out: np.ndarray | None = None,
+    fill: float = np.nan,
+) -> np.ndarray:
+    """(raw - mean) / std, clipped, as float32 (into `out` if given); None statistics leave the observation raw. A row
+    holding NaN or inf becomes all `fill`: NaN for the guard to mask, 0 for the policy to act on. (minimum/maximum:
+    np.clip's Python wrapper costs more than the arithmetic, and this runs every env step.)"""
+    x = np.empty(raw.shape, np.float32) if out is None else out
+    if mean is None:
+        x[...] = raw
+    else:
+        np.divide(raw - mean, std, out=x, casting="same_kind")  # in float64, then rounded once
+        np.minimum(np.maximum(x, -clip, out=x), clip, out=x)
+    finite = np.isfinite(raw)
+    if not finite.all():
+        x[~finite.all(axis=-1)] = fill
+    return x
 
 
 class DiscountedReturn:

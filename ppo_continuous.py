@@ -7,29 +7,30 @@ curves overlay. Differences that matter: time-limit truncations bootstrap from V
 statistics are saved with the policy and frozen at evaluation, a numerical guard drops bad samples, and runs can be
 checkpointed, interrupted (Ctrl-C or SIGTERM) and resumed.
 
-This file is also the library of dppo_ray.py, which imports the agent, the sampler, the update, the guard,
-checkpoints and evaluation from here and adds only what distribution needs. The math lives in gae.py.
+The file reads top to bottom as the algorithm: flags, env, agent, rollout, advantages with the numerical guard, the
+update, the training loop. The math it calls lives in gae.py; fast_paths.py holds the accelerators that stand in for
+acting and for the update where they prove equal at start-up; run_utils.py holds what makes a run safe to interrupt,
+resume and compare (checkpoints, the run folder and logging, loading and evaluating a saved policy, the command line).
+dppo_ray.py imports this file and adds only what distribution needs.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import importlib
 import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gymnasium as gym
 import numpy as np
 import torch
-import tyro
 from torch import nn, optim
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
-from fast_paths import FastPaths, NumpyActor, categorical_draw, check_acting, choose_fast_paths
+import run_utils
+from fast_paths import FastPaths, NumpyActor, categorical_draw, choose_fast_paths
 from gae import (
     DiscountedReturn,
     PPOLoss,
@@ -40,27 +41,28 @@ from gae import (
     finite_moments,
     finite_samples,
     mean_clipfrac,
+    normalize_obs,
     ppo_loss,
     scale_rewards,
 )
 from run_utils import (
     PROG,
     Monitor,
+    Policy,
+    RunState,
     TrainingLoop,
     UsageError,
-    finish_run,
-    flatten_observation,
-    load_checkpoint,
+    cli,
+    end_run,
     observation_layout,
     quiet_mujoco_log,
     require_positive,
+    restore_training,
     resume_checkpoint,
-    resumed_args,
     run_folder,
     save_atomic,
     seed_everything,
-    start_run,
-    step_envs,
+    training_checkpoint,
 )
 
 
@@ -260,7 +262,10 @@ class Agent(nn.Module):
 
     def __init__(self, obs_dim: int, act_dim: int, discrete: bool = False):
         super().__init__()
-        self.obs_dim, self.act_dim, self.discrete = obs_dim, act_dim, discrete  # saved with the policy, to rebuild it
+        # The constructor's arguments are saved with the policy, to rebuild it
+        self.obs_dim = obs_dim
+        self.act_dim = act_dim
+        self.discrete = discrete
         self.critic = mlp(obs_dim, 1, out_std=1.0)
         self.actor_mean = mlp(obs_dim, act_dim, out_std=0.01)
         if not discrete:
@@ -292,7 +297,8 @@ class TorchActor:
     fast path, used when it matches.) Actions are drawn from the rollout's own noise, so both ways draw the same."""
 
     def __init__(self, agent: Agent):
-        self.agent, self.discrete = agent, agent.discrete
+        self.agent = agent
+        self.discrete = agent.discrete
 
     def act(self, obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
         with torch.no_grad():
@@ -322,51 +328,63 @@ def make_actor(agent: Agent, fast: bool) -> NumpyActor | TorchActor:
     return NumpyActor(agent) if fast else TorchActor(agent)
 
 
-def normalize_obs(
-    raw: np.ndarray,
-    mean: np.ndarray | None,
-    std: np.ndarray | None,
-    clip: float,
-    out: np.ndarray | None = None,
-    fill: float = np.nan,
-) -> np.ndarray:
-    """(raw - mean) / std, clipped, as float32 (into `out` if given); None statistics leave the observation raw. A row
-    holding NaN or inf becomes all `fill`: NaN for the guard to mask, 0 for the policy to act on. (minimum/maximum:
-    np.clip's Python wrapper costs more than the arithmetic, and this runs every env step.)"""
-    x = np.empty(raw.shape, np.float32) if out is None else out
-    if mean is None:
-        x[...] = raw
-    else:
-        np.divide(raw - mean, std, out=x, casting="same_kind")  # in float64, then rounded once
-        np.minimum(np.maximum(x, -clip, out=x), clip, out=x)
-    finite = np.isfinite(raw)
-    if not finite.all():
-        x[~finite.all(axis=-1)] = fill
-    return x
+# ---------------------------------------------------------------------------------------------------------------------
+# Rollout: the Sampler steps the envs with the latest policy; in dppo_ray.py each Ray rollout actor is one
+# ---------------------------------------------------------------------------------------------------------------------
+def step_envs(envs: list[gym.Env], actions: np.ndarray, out: tuple[np.ndarray, ...] | None = None):
+    """Step every env; an env whose episode ended is reset in the same call. `out`: the (observations, rewards,
+    terminations, truncations) rows to fill, as the rollout passes its own arrays' rows, instead of new arrays.
+
+    This is gymnasium's SAME_STEP autoreset written out: the returned observation of a finished env is the first one
+    of its next episode, and `final_obs` maps its index to the last observation of the episode that ended, which the
+    truncation bootstrap needs. (gymnasium's vector envs default to NEXT_STEP, where the step after an episode end
+    is a fake transition that must not be trained on; stepping a list directly also skips the vector env's
+    bookkeeping.)"""
+    n = len(envs)
+    if out is None:
+        out = (None, np.zeros(n), np.zeros(n, bool), np.zeros(n, bool))
+    observations, rewards, terminations, truncations = out
+    final_obs: dict[int, np.ndarray] = {}
+    for i, (env, action) in enumerate(zip(envs, actions)):
+        obs, reward, terminated, truncated, _ = env.step(action)
+        rewards[i] = reward
+        terminations[i] = terminated
+        truncations[i] = truncated
+        if terminated or truncated:
+            final_obs[i] = obs
+            obs, _ = env.reset()
+        if observations is None:
+            observations = np.empty((n, *np.shape(obs)))
+        observations[i] = obs
+    return observations, rewards, terminations, truncations, final_obs
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Sampler: steps the envs with the numpy policy; in dppo_ray.py each Ray rollout actor is one
-# ---------------------------------------------------------------------------------------------------------------------
 class Sampler:
     """Steps `num_envs` envs with the latest policy it was given and returns each rollout as a dict of numpy arrays.
     Episodes continue across rollouts. Observations are stored normalized with the statistics the policy acted on,
     and the raw observations' moments go back to the learner, which owns the statistics."""
 
-    def __init__(self, env_id: str, num_envs: int, seed: int, args: Args, video_dir: str = ""):
+    def __init__(self, env_id: str, num_envs: int, seed: int, args: Args, video_dir: str = "", allow_discrete=False):
         quiet_mujoco_log()
         self.envs = [make_env(env_id, args.capture_video and i == 0, video_dir) for i in range(num_envs)]
-        self.spaces = check_spaces(env_id, self.envs[0], allow_discrete=True)
+        self.spaces = check_spaces(env_id, self.envs[0], allow_discrete)  # (obs_dim, act_dim, discrete)
         self.discrete = self.spaces[2]
         space = self.envs[0].action_space
-        self.low, self.high = (None, None) if self.discrete else (space.low, space.high)
-        self.obs_clip, self.norm_obs = args.obs_clip, args.norm_obs
-        self.rng, self.warmup_rng = np.random.default_rng(seed), np.random.default_rng([seed, 1])
+        self.low = None if self.discrete else space.low
+        self.high = None if self.discrete else space.high
+        self.obs_clip = args.obs_clip
+        self.norm_obs = args.norm_obs
         self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        self.warmup_rng = np.random.default_rng([seed, 1])
         self.raw_obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(self.envs)])
         self.returns = DiscountedReturn(num_envs, args.gamma)
-        self.episode_returns, self.episode_lengths = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
-        self.agent, self.policy, self.version, self.obs_mean, self.obs_std = None, None, -1, None, None
+        self.episode_returns = np.zeros(num_envs)
+        self.episode_lengths = np.zeros(num_envs, dtype=np.int64)
+        self.agent: Agent | None = None  # the sampler's own copy, built when the first weights arrive
+        self.policy: NumpyActor | TorchActor | None = None
+        self.version = -1
+        self.obs_mean = self.obs_std = None
 
     def set_policy(self, weights: dict[str, np.ndarray], version: int) -> int:
         """`weights`: policy_weights, the agent's numpy state dict plus the learner's observation statistics and
@@ -375,9 +393,11 @@ class Sampler:
             with torch.random.fork_rng(devices=[]):  # the learner's random stream must not depend on where this runs
                 self.agent = Agent(*self.spaces)
         self.agent.load_state_dict({key: torch.tensor(weights[key]) for key in self.agent.state_dict()})
-        self.policy, self.version = make_actor(self.agent, bool(weights["fast_acting"])), version
+        self.policy = make_actor(self.agent, bool(weights["fast_acting"]))
+        self.version = version
         if self.norm_obs:
-            self.obs_mean, self.obs_std = weights["obs_mean"], np.sqrt(weights["obs_var"] + 1e-8)
+            self.obs_mean = weights["obs_mean"]
+            self.obs_std = np.sqrt(weights["obs_var"] + 1e-8)
         return version
 
     def normalize(self, raw: np.ndarray, out: np.ndarray | None = None, fill: float = np.nan) -> np.ndarray:
@@ -401,13 +421,16 @@ class Sampler:
     def rollout(self, num_steps: int) -> dict[str, np.ndarray]:
         """The loop does only what the next env step needs; the rest is done on whole arrays after it. (Work done
         right after an env's wait costs several times more CPU than the same work in a tight loop: caches are cold.)"""
-        start, num_envs, obs_dim = time.perf_counter(), len(self.envs), self.raw_obs.shape[1]
+        start = time.perf_counter()
+        num_envs, obs_dim = len(self.envs), self.raw_obs.shape[1]
         shape = (num_steps, num_envs)
-        obs, raw_obs = np.zeros((*shape, obs_dim), np.float32), np.zeros((num_steps + 1, num_envs, obs_dim))
+        obs = np.zeros((*shape, obs_dim), np.float32)
+        raw_obs = np.zeros((num_steps + 1, num_envs, obs_dim))
         raw_obs[0] = self.raw_obs  # the envs write each step's successor into the next row
         actions = np.zeros((*shape, *(() if self.discrete else self.low.shape)), np.float32)
-        logprobs, rewards = np.zeros(shape, np.float32), np.zeros(shape)
-        terminations, truncations = np.zeros(shape, bool), np.zeros(shape, bool)
+        rewards = np.zeros(shape)
+        terminations = np.zeros(shape, bool)
+        truncations = np.zeros(shape, bool)
         final_obs, final_index = [], []
         # The rollout's noise, drawn at once: standard normal for a Gaussian, uniform for a categorical
         noise = self.rng.random((*shape, 1)) if self.discrete else self.rng.standard_normal((*shape, *self.low.shape))
@@ -424,30 +447,43 @@ class Sampler:
                 if truncations[step, i] and not terminations[step, i]:
                     final_obs.append(self.normalize(last_obs))
                     final_index.append((step, i))
-        logprobs[:] = self.policy.log_prob(obs, actions, noise)
+        logprobs = self.policy.log_prob(obs, actions, noise).astype(np.float32)
         obs[~np.isfinite(raw_obs[:num_steps]).all(axis=-1)] = np.nan
-        returns = self.returns.run(rewards, terminations | truncations)
-        episode_returns, episode_lengths = self.finished_episodes(rewards, terminations | truncations)
+        ended = terminations | truncations
+        episode_returns, episode_lengths = self.finished_episodes(rewards, ended)
         self.raw_obs = raw_obs[num_steps].copy()
         obs_mean, obs_var, obs_count = finite_moments(raw_obs[:num_steps].reshape(-1, obs_dim))
-        final_obs, final_index = np.array(final_obs, np.float32), np.array(final_index, np.int64).reshape(-1, 2)
-        rollout = dict(obs=obs, actions=actions, logprobs=logprobs, rewards=rewards, discounted_returns=returns)
-        rollout |= dict(terminations=terminations, truncations=truncations, final_index=final_index)
-        rollout |= dict(final_obs=final_obs.reshape(-1, obs_dim), next_obs=self.normalize(self.raw_obs))
-        rollout |= dict(obs_mean=obs_mean, obs_var=obs_var, obs_count=np.array(obs_count))
-        rollout |= dict(episode_returns=np.array(episode_returns), episode_lengths=np.array(episode_lengths))
-        return rollout | dict(
-            policy_version=np.array(self.version), sample_seconds=np.array(time.perf_counter() - start)
-        )
+        return {
+            "obs": obs,
+            "actions": actions,
+            "logprobs": logprobs,
+            "rewards": rewards,
+            "discounted_returns": self.returns.run(rewards, ended),
+            "terminations": terminations,
+            "truncations": truncations,
+            "final_obs": np.array(final_obs, np.float32).reshape(-1, obs_dim),
+            "final_index": np.array(final_index, np.int64).reshape(-1, 2),
+            "next_obs": self.normalize(self.raw_obs),
+            "obs_mean": obs_mean,
+            "obs_var": obs_var,
+            "obs_count": np.array(obs_count),
+            "episode_returns": np.array(episode_returns),
+            "episode_lengths": np.array(episode_lengths),
+            "policy_version": np.array(self.version),
+            "sample_seconds": np.array(time.perf_counter() - start),
+        }
 
     def finished_episodes(self, rewards: np.ndarray, ended: np.ndarray) -> tuple[list[float], list[int]]:
         """Return and length of every episode that ended in this rollout, in the order they ended; the unfinished
         ones' sums carry over to the next rollout. (Once per rollout rather than two array updates per step.)"""
-        returns, lengths, start = [], [], np.zeros(len(self.envs), np.int64)
+        returns, lengths = [], []
+        start = np.zeros(len(self.envs), np.int64)
         for step, i in zip(*np.nonzero(ended)):
             returns.append(self.episode_returns[i] + rewards[start[i] : step + 1, i].sum())
             lengths.append(self.episode_lengths[i] + step + 1 - start[i])
-            self.episode_returns[i], self.episode_lengths[i], start[i] = 0.0, 0, step + 1
+            self.episode_returns[i] = 0.0
+            self.episode_lengths[i] = 0
+            start[i] = step + 1
         self.episode_returns += [rewards[first:, i].sum() for i, first in enumerate(start)]
         self.episode_lengths += len(rewards) - start
         return returns, lengths
@@ -458,12 +494,24 @@ class Sampler:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Learner: statistics, advantages with the per-sample guard, and the PPO epochs (shared by both scripts)
+# Learner: the agent, its optimizer and the statistics; advantages with the per-sample guard (shared by both scripts)
 # ---------------------------------------------------------------------------------------------------------------------
-def make_learner(args: Args, obs_dim: int, act_dim: int, discrete: bool, device: torch.device):
+@dataclass
+class Learner:
+    """What a run trains and saves: the agent, its optimizer, the fast paths that stand in for parts of the plain path
+    (none until start_fast_paths), and the running statistics of the observations and of the discounted return."""
+
+    agent: Agent
+    optimizer: optim.Optimizer
+    obs_rms: RunningMeanStd
+    return_rms: RunningMeanStd
+    fast: FastPaths = field(default_factory=FastPaths)
+
+
+def make_learner(args: Args, obs_dim: int, act_dim: int, discrete: bool, device: torch.device) -> Learner:
     agent = Agent(obs_dim, act_dim, discrete).to(device)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    return agent, optimizer, RunningMeanStd(shape=(obs_dim,)), RunningMeanStd(shape=())
+    return Learner(agent, optimizer, RunningMeanStd(shape=(obs_dim,)), RunningMeanStd(shape=()))
 
 
 def loss_settings(args: Args, ent_coef: float) -> dict:
@@ -475,23 +523,24 @@ def loss_settings(args: Args, ent_coef: float) -> dict:
     return settings
 
 
-def start_fast_paths(agent: Agent, optimizer: optim.Optimizer, args: Args, decoupled: bool = False) -> FastPaths:
-    """Check the fast paths against Agent, ppo_loss and the optimizer (fast_paths.py) and say which step aside."""
-    obs_dim, act_dim = agent.obs_dim, agent.act_dim
+def start_fast_paths(learner: Learner, args: Args, decoupled: bool = False) -> None:
+    """Check the fast paths against Agent, ppo_loss and the optimizer (fast_paths.py); the run uses those that match,
+    and each that steps aside says so in one line."""
+    agent = learner.agent
     ent_coefs = {args.ent_coef} if args.ent_coef_final is None else {args.ent_coef, args.ent_coef_final}
     settings = [loss_settings(args, ent_coef) for ent_coef in sorted(ent_coefs)]
     plain = (loss_and_gradients, clip_gradients)
-    fast, lines = choose_fast_paths(agent, optimizer, obs_dim, act_dim, settings, decoupled, args.fast_path, plain)
+    learner.fast, lines = choose_fast_paths(agent, learner.optimizer, settings, decoupled, args.fast_path, plain)
     for line in lines:
         print(f"{PROG}: {line}", file=sys.stderr)
-    return fast
 
 
-def policy_weights(agent: Agent, obs_rms: RunningMeanStd, fast_acting: bool) -> dict[str, np.ndarray]:
+def policy_weights(learner: Learner) -> dict[str, np.ndarray]:
     """What a sampler acts with: the numpy weights, the observation statistics and which way to act."""
-    weights = agent.numpy_weights()
-    weights["obs_mean"], weights["obs_var"] = obs_rms.mean.copy(), obs_rms.var.copy()
-    weights["fast_acting"] = np.array(fast_acting)
+    weights = learner.agent.numpy_weights()
+    weights["obs_mean"] = learner.obs_rms.mean.copy()
+    weights["obs_var"] = learner.obs_rms.var.copy()
+    weights["fast_acting"] = np.array(learner.fast.acting)
     return weights
 
 
@@ -506,17 +555,18 @@ def anneal(optimizer: optim.Optimizer, args: Args, iteration: int) -> float:
     return args.ent_coef_final + frac * (args.ent_coef - args.ent_coef_final)
 
 
-def update_statistics(rollout: dict, obs_rms: RunningMeanStd, return_rms: RunningMeanStd, args: Args) -> None:
+def update_statistics(rollout: dict, learner: Learner, args: Args) -> None:
     """The learner owns the statistics: it merges the moments of the raw observations and of the discounted returns
     that a sampler met (both already filtered for NaN and inf)."""
     if args.norm_obs:
-        obs_rms.update_from_moments(rollout["obs_mean"], rollout["obs_var"], int(rollout["obs_count"]))
+        learner.obs_rms.update_from_moments(rollout["obs_mean"], rollout["obs_var"], int(rollout["obs_count"]))
     if args.norm_reward:
-        return_rms.update(rollout["discounted_returns"].reshape(-1))
+        learner.return_rms.update(rollout["discounted_returns"].reshape(-1))
 
 
-def prepare_batch(agent: Agent, rollout: dict, reward_scale: RunningMeanStd, args: Args, decoupled=False) -> dict:
+def prepare_batch(learner: Learner, rollout: dict, args: Args) -> dict:
     """Scale the rewards, value the batch and run GAE with the per-sample guard; flat tensors of the samples kept."""
+    agent = learner.agent
     device = next(agent.parameters()).device
 
     def tensor(x: np.ndarray) -> torch.Tensor:
@@ -524,13 +574,13 @@ def prepare_batch(agent: Agent, rollout: dict, reward_scale: RunningMeanStd, arg
 
     rewards = rollout["rewards"]
     if args.norm_reward:
-        rewards = scale_rewards(rewards, reward_scale, args.reward_clip)
+        rewards = scale_rewards(rewards, learner.return_rms, args.reward_clip)
     valid = finite_samples(rollout["obs"], rollout["actions"], rollout["rewards"])
     num_steps, num_envs = rewards.shape
     b_obs = tensor(rollout["obs"].reshape(num_steps * num_envs, -1))
     b_actions = tensor(rollout["actions"].reshape(num_steps * num_envs, *rollout["actions"].shape[2:]))
     with torch.no_grad():
-        proximal_logprobs, _, b_values = agent.evaluate(b_obs, b_actions)
+        b_values = agent.get_value(b_obs)
         values = b_values.view(num_steps, num_envs)
         # next_values[t] = V(successor of step t): the next stored obs, the obs after the rollout for the last step,
         # and V(final obs) where a time limit cut the episode (a reset obs is not a successor).
@@ -538,25 +588,38 @@ def prepare_batch(agent: Agent, rollout: dict, reward_scale: RunningMeanStd, arg
         steps, envs = rollout["final_index"].T
         if len(steps):
             next_values[steps, envs] = agent.get_value(tensor(rollout["final_obs"]))
-        terminations, truncations = tensor(rollout["terminations"]), tensor(rollout["truncations"])
         advantages, returns = compute_gae(
-            tensor(rewards.astype(np.float32)), values, next_values, terminations, truncations,
-            args.gamma, args.gae_lambda, valid=tensor(valid),
-        )  # fmt: skip
+            tensor(rewards.astype(np.float32)),
+            values,
+            next_values,
+            tensor(rollout["terminations"]),
+            tensor(rollout["truncations"]),
+            args.gamma,
+            args.gae_lambda,
+            valid=tensor(valid),
+        )
     outliers = advantage_outliers(advantages.cpu().numpy(), returns.cpu().numpy(), valid, args.guard_max_abs)
     keep = tensor((valid & ~outliers).reshape(-1)).nonzero().squeeze(1)
-    behaviour_logprobs = tensor(rollout["logprobs"].reshape(-1))
-    batch = dict(obs=b_obs, actions=b_actions, values=b_values, advantages=advantages.reshape(-1))
-    batch |= dict(returns=returns.reshape(-1), logprobs=proximal_logprobs if decoupled else behaviour_logprobs)
-    if decoupled:
-        batch["behaviour_logprobs"] = behaviour_logprobs
-    batch = {k: v[keep] for k, v in batch.items()}
-    return batch | dict(size=num_steps * num_envs, non_finite=int((~valid).sum()), outliers=int(outliers.sum()))
+    batch = {
+        "obs": b_obs,
+        "actions": b_actions,
+        "logprobs": tensor(rollout["logprobs"].reshape(-1)),
+        "values": b_values,
+        "advantages": advantages.reshape(-1),
+        "returns": returns.reshape(-1),
+    }
+    batch = {key: column[keep] for key, column in batch.items()}
+    batch["size"] = num_steps * num_envs
+    batch["non_finite"] = int((~valid).sum())
+    batch["outliers"] = int(outliers.sum())
+    return batch
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# The update: the PPO epochs, as CleanRL writes them (fast_paths.StackedUpdate may stand in for two of its functions)
+# ---------------------------------------------------------------------------------------------------------------------
 def loss_and_gradients(agent: Agent, optimizer: optim.Optimizer, minibatch: dict, **loss_kwargs) -> PPOLoss:
-    """One minibatch's loss through Agent.evaluate and gae.ppo_loss, and its gradient by autograd (the plain path;
-    fast_paths.StackedUpdate.loss_and_gradients stands in for it when it matches)."""
+    """One minibatch's loss through Agent.evaluate and gae.ppo_loss, and its gradient by autograd."""
     new_logprob, entropy, new_value = agent.evaluate(minibatch["obs"], minibatch["actions"])
     stats = ppo_loss(
         new_logprob,
@@ -585,233 +648,58 @@ def clip_gradients(gradients: list[torch.Tensor], max_norm: float) -> float:
     return norm
 
 
-def ppo_update(
-    agent: Agent, optimizer: optim.Optimizer, batch: dict, args: Args, ent_coef: float, fast: FastPaths
-) -> tuple[dict, str | None]:
+def ppo_update(learner: Learner, batch: dict, args: Args, ent_coef: float) -> tuple[dict, str | None]:
     """--update-epochs passes over shuffled minibatches of the samples the guard kept. Returns the statistics of the
     last minibatch (as CleanRL logs them) and a problem string when the loss or a gradient went non-finite."""
+    agent = learner.agent
+    fast_update = learner.fast.update
     kept = len(batch["advantages"])
     if kept < batch["size"] / 2:
         return {}, f"only {kept} of {batch['size']} samples are usable (NaN/inf data or outlier advantages)"
     loss_kwargs = loss_settings(args, ent_coef)
     columns = {key: value for key, value in batch.items() if isinstance(value, torch.Tensor)}
-    ratios, stats = [], None
+    ratios = []
+    stats = None
     for epoch in range(args.update_epochs):
         permutation = torch.randperm(kept, device=batch["advantages"].device)
         for indices in torch.tensor_split(permutation, args.num_minibatches):
+            # index_select rather than column[indices]: the same rows, with less overhead per call
             minibatch = {key: column.index_select(0, indices) for key, column in columns.items()}
-            if fast.update is not None:
-                stats = fast.update.loss_and_gradients(minibatch, **loss_kwargs)
+            if fast_update is not None:
+                stats = fast_update.loss_and_gradients(minibatch, **loss_kwargs)
             else:
-                stats = loss_and_gradients(agent, optimizer, minibatch, **loss_kwargs)
+                stats = loss_and_gradients(agent, learner.optimizer, minibatch, **loss_kwargs)
             loss = stats.loss.item()  # the guard must see it before the step
             if not math.isfinite(loss) or abs(loss) > args.guard_max_abs:
                 return {}, f"loss {loss:.3g} in epoch {epoch + 1}"
-            if fast.update is not None:
-                gradients = [fast.update.grads]
+            if fast_update is not None:
+                gradients = [fast_update.grads]
             else:
                 gradients = [p.grad for p in agent.parameters() if p.grad is not None]
             if not math.isfinite(clip_gradients(gradients, args.max_grad_norm)):
                 return {}, f"non-finite gradient in epoch {epoch + 1}"
-            if fast.update is not None:
-                fast.update.step()
+            if fast_update is not None:
+                fast_update.step()
             else:
-                optimizer.step()
+                learner.optimizer.step()
             ratios.append(stats.ratio.detach())
         if args.target_kl is not None and stats.approx_kl > args.target_kl:
             break
-    result = {f"losses/{k}": getattr(stats, k).item() for k in ("value_loss", "policy_loss", "entropy")}
-    result["losses/old_approx_kl"] = stats.old_approx_kl.item()
-    result["losses/approx_kl"] = stats.approx_kl.item()
-    result["losses/clipfrac"] = mean_clipfrac(ratios, args.clip_coef)
     values, returns = batch["values"].cpu().numpy(), batch["returns"].cpu().numpy()
-    result["losses/explained_variance"] = explained_variance(values, returns)
-    return result, None
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Checkpoints, one format for both scripts: tensors and plain values only, loaded with weights_only=True so that a
-# shared file cannot run code
-# ---------------------------------------------------------------------------------------------------------------------
-def policy_state(agent: Agent, obs_rms: RunningMeanStd, args: Args, global_step: int) -> dict:
-    """The saved model: enough to act (weights and normalization statistics) and to know how (the flags)."""
     return {
-        "agent": agent.state_dict(),
-        "agent_args": [agent.obs_dim, agent.act_dim, agent.discrete],
-        "obs_layout": agent.obs_layout,
-        "obs_rms": obs_rms.state_dict(),
-        "args": dataclasses.asdict(args),
-        "global_step": global_step,
-    }
-
-
-def agent_from_checkpoint(ckpt: dict, path: str) -> tuple[Agent, RunningMeanStd]:
-    """The Agent (as this file defines it) built with the saved constructor arguments, and the saved weights."""
-    state = ckpt["agent"]
-    try:
-        if "agent_args" in ckpt:
-            obs_dim, act_dim, discrete = ckpt["agent_args"]
-        else:  # saved before agent_args was: the stock network's first and last layers tell the sizes
-            discrete = "actor_logstd" not in state
-            obs_dim, act_dim = state["actor_mean.0.weight"].shape[1], state["actor_mean.4.weight"].shape[0]
-        agent, obs_rms = Agent(int(obs_dim), int(act_dim), bool(discrete)), RunningMeanStd(shape=(int(obs_dim),))
-        agent.load_state_dict(state)
-        agent.obs_layout = ckpt.get("obs_layout")
-        obs_rms.load_state_dict(ckpt["obs_rms"])
-    except (RuntimeError, ValueError, KeyError, IndexError, AttributeError) as e:
-        raise UsageError(
-            f"checkpoint {path} does not hold a policy this network fits: {str(e).splitlines()[0][:160]}"
-        ) from None
-    return agent, obs_rms
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Using a trained policy: load_policy for Python, --eval-checkpoint on the command line
-# ---------------------------------------------------------------------------------------------------------------------
-class Policy:
-    """A trained policy with its frozen normalization statistics.
-
-    policy = load_policy("runs/<run>/ppo_continuous.model")
-    action = policy.predict(obs)           # one observation or a batch
-    """
-
-    def __init__(self, agent: Agent, obs_rms: RunningMeanStd, saved_args: dict, fast_path: bool = True):
-        fast = fast_path and check_acting(agent, agent.obs_dim, agent.act_dim) is None
-        self.agent = copy.deepcopy(agent).cpu()
-        self.actor = make_actor(self.agent, fast)
-        self.env_id, self.obs_clip = saved_args["env_id"], saved_args["obs_clip"]
-        self.obs_mean, self.obs_std = (
-            (obs_rms.mean, np.sqrt(obs_rms.var + 1e-8)) if saved_args["norm_obs"] else (None, None)
-        )
-        self.low = self.high = None
-        self.obs_layout = agent.obs_layout
-
-    def predict(self, obs, deterministic: bool = True, rng: np.random.Generator | None = None):
-        """The mean (or most likely) action, or a sample when not deterministic; clipped to the env's bounds. `obs` is
-        one observation or a batch, as the env returns it (a Dict observation as a dict: it is flattened here)."""
-        if self.obs_layout is not None and (isinstance(obs, (dict, tuple)) or self.obs_layout[0][0] == []):
-            obs = flatten_observation(obs, self.obs_layout)  # a Dict/Tuple, or a Box of more than one dimension
-        obs = np.asarray(obs, dtype=np.float64)
-        batch = normalize_obs(np.atleast_2d(obs), self.obs_mean, self.obs_std, self.obs_clip)
-        if deterministic:
-            actions = self.actor.best_action(batch)
-        else:
-            rng = rng or np.random.default_rng()
-            noise = (
-                rng.random((len(batch), 1))
-                if self.agent.discrete
-                else rng.standard_normal(batch.shape[:1] + (self.agent.act_dim,))
-            )
-            actions = self.actor.act(batch, noise)
-        if not self.actor.discrete:
-            if self.low is None:
-                env = make_env(self.env_id)
-                self.low, self.high = env.action_space.low, env.action_space.high
-                env.close()
-            actions = np.clip(actions, self.low, self.high)
-        return actions if obs.ndim > 1 else actions[0]
+        "losses/value_loss": stats.value_loss.item(),
+        "losses/policy_loss": stats.policy_loss.item(),
+        "losses/entropy": stats.entropy.item(),
+        "losses/old_approx_kl": stats.old_approx_kl.item(),
+        "losses/approx_kl": stats.approx_kl.item(),
+        "losses/clipfrac": mean_clipfrac(ratios, args.clip_coef),
+        "losses/explained_variance": explained_variance(values, returns),
+    }, None
 
 
 def load_policy(path: str) -> Policy:
-    """A model or checkpoint saved by ppo_continuous.py or dppo_ray.py, ready to act."""
-    ckpt = load_checkpoint(path)
-    return Policy(*agent_from_checkpoint(ckpt, path), ckpt["args"])
-
-
-def evaluate(policy: Policy, episodes: int, seed: int) -> np.ndarray:
-    """Returns of `episodes` episodes with the deterministic action; the first reset is seeded."""
-    env = make_env(policy.env_id)
-    returns = []
-    obs, _ = env.reset(seed=seed)
-    while len(returns) < episodes:
-        done, episode_return = False, 0.0
-        while not done:
-            obs, reward, terminated, truncated, _ = env.step(policy.predict(obs))
-            episode_return += float(reward)
-            done = terminated or truncated
-        returns.append(episode_return)
-        obs, _ = env.reset()
-    env.close()
-    return np.array(returns)
-
-
-def run_eval_checkpoint(args: Args) -> None:
-    quiet_mujoco_log()
-    ckpt = load_checkpoint(args.eval_checkpoint)
-    policy = Policy(*agent_from_checkpoint(ckpt, args.eval_checkpoint), ckpt["args"])
-    returns = evaluate(policy, args.eval_episodes, args.seed)
-    print(
-        f"{policy.env_id}: mean return {returns.mean():.2f} ± {returns.std():.2f} over {len(returns)} episodes "
-        f"(mean action, saved normalization statistics, {ckpt.get('global_step', '?')} training steps)"
-    )
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Run bookkeeping (shared by both scripts): resume, seeding, run folder, logging, Ctrl-C/SIGTERM, summary
-# ---------------------------------------------------------------------------------------------------------------------
-def optimizer_state(optimizer: optim.Optimizer, fast: FastPaths) -> dict:
-    """torch.optim's state_dict, from whichever path ran the steps."""
-    return optimizer.state_dict() if fast.update is None else fast.update.state_dict()
-
-
-def training_state(agent, optimizer_state, obs_rms, return_rms, args, global_step, iteration, wall_time, counters):
-    """A checkpoint.pt: the saved model plus what a resumed run needs to continue exactly."""
-    state = policy_state(agent, obs_rms, args, global_step)
-    state |= dict(optimizer=optimizer_state, return_rms=return_rms.state_dict(), iteration=iteration)
-    return state | dict(
-        run_name=args.run_name, wall_time=wall_time, counters=dict(counters), torch_rng=torch.get_rng_state()
-    )
-
-
-def restore_training(ckpt: dict, agent, optimizer, obs_rms, return_rms, path: str) -> tuple[int, int, float, dict]:
-    """Load a checkpoint.pt into the learner; return (global_step, iteration, wall_time, counters)."""
-    try:
-        agent.load_state_dict(ckpt["agent"])
-        obs_rms.load_state_dict(ckpt["obs_rms"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        return_rms.load_state_dict(ckpt["return_rms"])
-        torch.set_rng_state(ckpt["torch_rng"])
-        return int(ckpt["global_step"]), int(ckpt["iteration"]), float(ckpt["wall_time"]), dict(ckpt["counters"])
-    except (RuntimeError, ValueError, KeyError, TypeError) as e:
-        raise UsageError(f"checkpoint {path} does not fit this env/network: {str(e).splitlines()[0][:160]}") from None
-
-
-def end_run(args, run_dir, monitor, status, save_checkpoint, agent, obs_rms, global_step, extra: dict) -> None:
-    """A checkpoint to resume from (not after a second Ctrl-C, when the state may be mid-iteration, nor when the
-    guard stopped the run: then the last good one stays), the model and its evaluation, summary.json."""
-    if status in ("completed", "interrupted"):
-        save_checkpoint()
-    if status == "completed" and args.save_model:
-        model_path = os.path.join(run_dir, f"{args.exp_name}.model")
-        save_atomic(policy_state(agent, obs_rms, args, global_step), model_path)
-        policy = Policy(agent, obs_rms, dataclasses.asdict(args), args.fast_path)
-        returns = evaluate(policy, args.eval_episodes, args.seed + 10**6)
-        for idx, episodic_return in enumerate(returns):
-            monitor.writer.add_scalar("eval/episodic_return", episodic_return, idx)
-        print(f"model saved to {model_path}; eval return {returns.mean():.2f} ± {returns.std():.2f}")
-    finish_run(args, run_dir, monitor, status.replace("_hard", ""), global_step, extra)
-
-
-def cli(args_type: type, validate, train) -> int:
-    """Parse the flags, then train or evaluate; bad input is one line on stderr and exit status 2."""
-    args = tyro.cli(args_type)
-    sys.path.insert(0, os.getcwd())  # `--env-id module:EnvId` finds the module in the working directory, as python -m
-    try:
-        if args.resume and not args.eval_checkpoint:  # both together are refused by validate()
-            args = resumed_args(args_type, args)
-        validate(args)
-        if args.eval_checkpoint:
-            run_eval_checkpoint(args)
-            return 0
-        done = int(load_checkpoint(args.resume).get("iteration", 0)) if args.resume else 0
-        if done and done >= args.num_iterations:  # a finished run: say so and leave its files as they are
-            print(f"{PROG}: {args.resume} has run {done} of {args.num_iterations} iterations: nothing to do "
-                  "(raise --total-timesteps to extend it)")  # fmt: skip
-            return 0
-        return train(args)
-    except UsageError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
+    """A model or checkpoint of either script, acting with this file's Agent (run_utils.Policy: predict(obs))."""
+    return run_utils.load_policy(path, sys.modules[__name__])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -823,58 +711,45 @@ def train(args: Args) -> int:
     run_dir = run_folder(args)
     seed = args.seed + (int(ckpt["global_step"]) if ckpt else 0)
     sampler = Sampler(args.env_id, args.num_envs, seed, args, os.path.join(run_dir, "videos"))  # a bad env fails here
-    obs_dim, act_dim, _ = check_spaces(args.env_id, sampler.envs[0])
-    agent, optimizer, obs_rms, return_rms = make_learner(args, obs_dim, act_dim, False, device)
-    agent.obs_layout = sampler.envs[0].obs_layout
-    global_step, iteration, wall_time_before, counters = 0, 0, 0.0, {}
+    obs_dim, act_dim, _ = sampler.spaces
+    learner = make_learner(args, obs_dim, act_dim, False, device)
+    learner.agent.obs_layout = sampler.envs[0].obs_layout
+    learner.agent.action_bounds = [sampler.low, sampler.high]
+    state = RunState()
     if ckpt is not None:
-        global_step, iteration, wall_time_before, counters = restore_training(
-            ckpt, agent, optimizer, obs_rms, return_rms, args.resume
-        )
+        state = restore_training(ckpt, learner, args.resume)
         sampler.rng.bit_generator.state = ckpt["sampler_rng"]
     elif args.norm_obs and args.obs_warmup_steps:
-        obs_rms.update_from_moments(*sampler.warm_up(args.obs_warmup_steps))
-    fast = start_fast_paths(agent, optimizer, args)
-    writer = start_run(args, run_dir, resumed_at=global_step if ckpt is not None else None)
-    writer.add_text("fast_paths", fast.table())
-    monitor = Monitor(args, writer, global_step, counters, act_dim, wall_time_before)
+        learner.obs_rms.update_from_moments(*sampler.warm_up(args.obs_warmup_steps))
+    start_fast_paths(learner, args)
+    monitor = Monitor(args, run_dir, state, act_dim, learner.fast)
 
     def save_checkpoint() -> None:
-        wall_time, counters = monitor.wall_time(), monitor.counters
-        state = training_state(
-            agent,
-            optimizer_state(optimizer, fast),
-            obs_rms,
-            return_rms,
-            args,
-            global_step,
-            iteration,
-            wall_time,
-            counters,
-        )
-        save_atomic(state | {"sampler_rng": sampler.rng.bit_generator.state}, os.path.join(run_dir, "checkpoint.pt"))
+        checkpoint = training_checkpoint(learner, args, state, monitor)
+        checkpoint["sampler_rng"] = sampler.rng.bit_generator.state
+        save_atomic(checkpoint, os.path.join(run_dir, "checkpoint.pt"))
 
     with TrainingLoop(run_dir) as loop:
-        while iteration < args.num_iterations and loop.signum is None:
-            ent_coef = anneal(optimizer, args, iteration + 1)
-            sampler.set_policy(policy_weights(agent, obs_rms, fast.acting), iteration)
+        while state.iteration < args.num_iterations and loop.signum is None:
+            ent_coef = anneal(learner.optimizer, args, state.iteration + 1)
+            sampler.set_policy(policy_weights(learner), state.iteration)
             rollout = sampler.rollout(args.num_steps)
-            global_step += rollout["rewards"].size
-            monitor.episodes(rollout, global_step)
-            update_statistics(rollout, obs_rms, return_rms, args)
-            batch = prepare_batch(agent, rollout, return_rms, args)
-            stats, problem = ppo_update(agent, optimizer, batch, args, ent_coef, fast)
-            iteration += 1
-            schedules = {"charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/ent_coef": ent_coef}
-            updated = monitor.update(stats, problem, batch, global_step, iteration, schedules)
-            if updated and args.checkpoint_every and iteration % args.checkpoint_every == 0:
+            state.global_step += rollout["rewards"].size
+            monitor.episodes(rollout)
+            update_statistics(rollout, learner, args)
+            batch = prepare_batch(learner, rollout, args)
+            stats, problem = ppo_update(learner, batch, args, ent_coef)
+            state.iteration += 1
+            schedules = {"charts/learning_rate": learner.optimizer.param_groups[0]["lr"], "charts/ent_coef": ent_coef}
+            updated = monitor.update(stats, problem, batch, schedules)
+            if updated and args.checkpoint_every and state.iteration % args.checkpoint_every == 0:
                 save_checkpoint()
-    end_run(
-        args, run_dir, monitor, loop.status, save_checkpoint, agent, obs_rms, global_step, {"fast_paths": fast.used}
-    )
+    if loop.keeps_state:
+        save_checkpoint()
+    end_run(monitor, loop.status, learner, state, sys.modules[__name__], {})
     sampler.close()
     return loop.exit_status()
 
 
 if __name__ == "__main__":
-    sys.exit(cli(Args, validate_args, train))
+    sys.exit(cli(Args, validate_args, train, sys.modules[__name__]))

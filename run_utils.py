@@ -1,14 +1,17 @@
-"""Run bookkeeping shared by ppo_continuous.py and dppo_ray.py: errors and flag checks, checkpoint files, the run folder
-and its TensorBoard writer, logging with the guard's counters and health warnings, Ctrl-C/SIGTERM, summary.json, and
-stepping a list of envs.
+"""Run management shared by ppo_continuous.py and dppo_ray.py: errors and flag checks, the command line, checkpoints
+and resume, the run folder and its TensorBoard writer, logging with the guard's counters and health warnings,
+Ctrl-C/SIGTERM, summary.json, and loading and evaluating a saved policy.
 
-None of this is the algorithm (that is gae.py and ppo_continuous.py); it is what makes a run safe to interrupt,
-resume and compare.
+None of this is the algorithm (that is gae.py and ppo_continuous.py); it is what makes a run safe to interrupt, resume
+and compare. Where it needs the algorithm (to rebuild an Agent from a checkpoint, or to act), it is handed the training
+script's module (`script`), so that an edited copy of ppo_continuous.py loads and evaluates with its own network.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import importlib
 import json
 import os
 import random
@@ -18,12 +21,16 @@ import sys
 import time
 import warnings
 from collections import deque
+from dataclasses import dataclass, field
 
 import gymnasium as gym
 import numpy as np
 import torch
 import tyro
 from tqdm import tqdm
+
+from fast_paths import FastPaths, check_acting
+from gae import RunningMeanStd, normalize_obs
 
 PROG = os.path.basename(sys.argv[0]) if sys.argv[0].endswith(".py") else "ppo_continuous.py"
 
@@ -60,15 +67,22 @@ def load_checkpoint(path: str) -> dict:
     return ckpt
 
 
+def mujoco_warning(message: str) -> None:
+    """MuJoCo's warnings, less one: gymnasium's HalfCheetah model (and dm_control's cheetah) sets `settotalmass`, which
+    MuJoCo 3.17 and 4.0 deprecate but still apply (the body masses are the same in both), so it says nothing a user can
+    act on. Others go to stderr as MuJoCo prints them."""
+    if "settotalmass" not in message:
+        print(f"WARNING: {message}", file=sys.stderr)
+
+
 def quiet_mujoco_log() -> None:
-    """MuJoCo 4 writes MUJOCO_LOG.TXT into the working directory of every process that builds a model."""
+    """MuJoCo's warnings through mujoco_warning, which also keeps MuJoCo from writing MUJOCO_LOG.TXT into the working
+    directory of every process that builds a model."""
     try:
         import mujoco
     except ImportError:
         return
-    config = mujoco.MjLogConfig.get()
-    config.logto_file = False
-    config.set()
+    mujoco.set_mju_user_warning(mujoco_warning)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -77,8 +91,14 @@ def quiet_mujoco_log() -> None:
 # Flags a resumed run may change: how long it runs, where and how it logs and saves, how it uses the machine. All
 # others define the run and come from the checkpoint. Those of the machine are never taken from the checkpoint: a run
 # may resume elsewhere.
-MACHINE_FLAGS = {"resume", "eval_checkpoint", "overwrite", "quiet", "track", "wandb_project_name", "wandb_entity"}
-MACHINE_FLAGS |= {
+MACHINE_FLAGS = {
+    "resume",
+    "eval_checkpoint",
+    "overwrite",
+    "quiet",
+    "track",
+    "wandb_project_name",
+    "wandb_entity",
     "capture_video",
     "torch_threads",
     "cuda",
@@ -88,8 +108,9 @@ MACHINE_FLAGS |= {
     "no_ray",
     "fast_path",
 }
-RESUMABLE_FLAGS = MACHINE_FLAGS | {"total_timesteps", "run_name", "eval_episodes", "checkpoint_every", "save_model"}
-RESUMABLE_FLAGS |= {"guard_patience", "batch_size", "minibatch_size", "num_iterations", "num_envs"}
+RUN_LENGTH_FLAGS = {"total_timesteps", "run_name", "eval_episodes", "checkpoint_every", "save_model", "guard_patience"}
+COMPUTED_FLAGS = {"batch_size", "minibatch_size", "num_iterations", "num_envs"}
+RESUMABLE_FLAGS = MACHINE_FLAGS | RUN_LENGTH_FLAGS | COMPUTED_FLAGS
 
 
 def resumed_args(args_type: type, args):
@@ -215,12 +236,15 @@ class TrainingLoop:
     """The context the training loop runs in, and how it ended (`status`, `exit_status()`).
 
     Ctrl-C (SIGINT) or a cluster's preemption (SIGTERM) sets `signum`: the loop finishes its iteration and stops, a
-    checkpoint is saved, the exit status is 130 or 143. A second signal quits at once ("interrupted_hard": the state may
-    be mid-iteration, so the last checkpoint written at an iteration boundary is kept). The guard's BadBatchError
-    ends the run with one line ("stopped_by_guard", exit status 1)."""
+    checkpoint is saved, the exit status is 130 or 143. A second signal quits at once (`hard`: the state may be
+    mid-iteration, so the last checkpoint written at an iteration boundary is kept). The guard's BadBatchError ends
+    the run with one line ("stopped_by_guard", exit status 1)."""
 
     def __init__(self, run_dir: str):
-        self.run_dir, self.signum, self.status = run_dir, None, "running"
+        self.run_dir = run_dir
+        self.signum = None
+        self.status = "running"
+        self.hard = False
 
     def __enter__(self):
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -246,11 +270,19 @@ class TrainingLoop:
         if exc_type is None:
             self.status = "completed" if self.signum is None else "interrupted"
         elif issubclass(exc_type, KeyboardInterrupt):
-            self.status, self.signum = "interrupted_hard", self.signum or signal.SIGINT
+            self.status = "interrupted"
+            self.hard = True
+            self.signum = self.signum or signal.SIGINT
         elif issubclass(exc_type, BadBatchError):
             self.status = "stopped_by_guard"
             tqdm.write(f"{PROG}: error: {exc}; the last good checkpoint stays in {self.run_dir}", file=sys.stderr)
         return exc_type is None or issubclass(exc_type, (KeyboardInterrupt, BadBatchError))
+
+    @property
+    def keeps_state(self) -> bool:
+        """Whether the state is whole and worth a checkpoint: not after a second signal, nor when the guard stopped
+        the run (the last good checkpoint then stays)."""
+        return self.status in ("completed", "interrupted") and not self.hard
 
     def exit_status(self) -> int:
         return {"completed": 0, "stopped_by_guard": 1}.get(self.status, 128 + (self.signum or signal.SIGINT))
@@ -283,23 +315,41 @@ def health_warnings(history: dict[str, list[float]], warmed_up: bool, act_dim: i
     return found
 
 
-class Monitor:
-    """What a run reports: TensorBoard scalars, the progress bar, the guard's counters and health warnings."""
+@dataclass
+class RunState:
+    """How far a run got: what a checkpoint restores besides the learner, and what summary.json reports. `counters`
+    holds the run's event counts (the guard's, the health warnings', DPPO's dropped rollouts and restarts)."""
 
-    def __init__(self, args, writer, global_step: int, counters: dict, act_dim: int, wall_time_before: float = 0.0):
-        self.args, self.writer, self.act_dim = args, writer, act_dim
-        self.counters = counters  # shared with the caller, which may count events of its own in it
+    global_step: int = 0
+    iteration: int = 0
+    wall_time_before: float = 0.0  # seconds of training in earlier sessions of a resumed run
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+class Monitor:
+    """What a run reports: TensorBoard scalars (its writer, in the run folder), the progress bar, the guard's counters
+    and health warnings. It reads the step and iteration from the run's state and counts into its counters."""
+
+    def __init__(self, args, run_dir: str, state: RunState, act_dim: int, fast: FastPaths):
+        self.args = args
+        self.run_dir = run_dir
+        self.state = state
+        self.act_dim = act_dim
+        self.writer = start_run(args, run_dir, resumed_at=state.global_step if args.resume else None)
+        self.writer.add_text("fast_paths", fast.table())
         for key in ("bad_batches", "dropped_samples"):
-            counters.setdefault(key, 0)
+            state.counters.setdefault(key, 0)
         self.recent_returns: deque[float] = deque(maxlen=100)
         self.history: dict[str, list[float]] = {"entropy": [], "approx_kl": [], "explained_variance": []}
         self.last_warned: dict[str, int] = {}
-        self.bad_in_a_row, self.last_stats = 0, {}
-        self.start_time, self.start_step, self.wall_time_before = time.time(), global_step, wall_time_before
+        self.bad_in_a_row = 0
+        self.last_stats = {}
+        self.start_time = time.time()
+        self.start_step = state.global_step
         total = args.num_iterations * args.batch_size
         self.progress = tqdm(
             total=total,
-            initial=min(global_step, total),
+            initial=min(state.global_step, total),
             disable=args.quiet,
             unit="step",
             unit_scale=True,
@@ -313,31 +363,30 @@ class Monitor:
             self.last_warned[name] = iteration
             tqdm.write(f"{PROG}: warning: {message}", file=sys.stderr)
 
-    def episodes(self, rollout: dict, global_step: int) -> None:
+    def episodes(self, rollout: dict) -> None:
         for episode_return, episode_length in zip(rollout["episode_returns"], rollout["episode_lengths"]):
-            self.writer.add_scalar("charts/episodic_return", episode_return, global_step)
-            self.writer.add_scalar("charts/episodic_length", episode_length, global_step)
+            self.writer.add_scalar("charts/episodic_return", episode_return, self.state.global_step)
+            self.writer.add_scalar("charts/episodic_length", episode_length, self.state.global_step)
             self.recent_returns.append(float(episode_return))
 
-    def update(
-        self, stats: dict, problem: str | None, batch: dict, global_step: int, iteration: int, extra: dict
-    ) -> bool:
+    def update(self, stats: dict, problem: str | None, batch: dict, extra: dict) -> bool:
         """Log one update; count and report what the guard dropped. Returns whether the update happened, and raises
         BadBatchError after --guard-patience bad batches in a row."""
+        global_step, iteration, counters = self.state.global_step, self.state.iteration, self.state.counters
         dropped = batch["non_finite"] + batch["outliers"]
         if dropped:
-            self.counters["dropped_samples"] += dropped
-            self.writer.add_scalar("guard/dropped_samples", self.counters["dropped_samples"], global_step)
+            counters["dropped_samples"] += dropped
+            self.writer.add_scalar("guard/dropped_samples", counters["dropped_samples"], global_step)
             self.warn(
                 "dropped",
                 f"dropped {batch['non_finite']} samples with NaN/inf data and {batch['outliers']} "
-                f"outlier advantages at step {global_step} (total {self.counters['dropped_samples']})",
+                f"outlier advantages at step {global_step} (total {counters['dropped_samples']})",
                 iteration,
             )
         if problem is not None:
             self.bad_in_a_row += 1
-            self.counters["bad_batches"] += 1
-            self.writer.add_scalar("guard/bad_batches", self.counters["bad_batches"], global_step)
+            counters["bad_batches"] += 1
+            self.writer.add_scalar("guard/bad_batches", counters["bad_batches"], global_step)
             tqdm.write(f"{PROG}: warning: skipped a bad batch at step {global_step}: {problem}", file=sys.stderr)
             if self.bad_in_a_row >= self.args.guard_patience:
                 raise BadBatchError(f"stopping: {self.bad_in_a_row} bad batches in a row (last: {problem})")
@@ -353,8 +402,8 @@ class Monitor:
         self.last_stats = {key: values[-1] for key, values in self.history.items()}
         warmed_up = iteration > max(5, self.args.num_iterations // 10)
         for name, message in health_warnings(self.history, warmed_up, self.act_dim):
-            self.counters[name] = self.counters.get(name, 0) + 1
-            self.writer.add_scalar(f"health/{name}", self.counters[name], global_step)
+            counters[name] = counters.get(name, 0) + 1
+            self.writer.add_scalar(f"health/{name}", counters[name], global_step)
             self.warn(name, message, iteration)
         self.progress.update(global_step - self.progress.n)
         recent = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "n/a"
@@ -363,37 +412,10 @@ class Monitor:
 
     def wall_time(self) -> float:
         """Seconds of training, earlier sessions of a resumed run included."""
-        return self.wall_time_before + time.time() - self.start_time
+        return self.state.wall_time_before + time.time() - self.start_time
 
     def mean_return(self) -> float | None:
         return float(np.mean(self.recent_returns)) if self.recent_returns else None
-
-
-def finish_run(args, run_dir: str, monitor: Monitor, status: str, global_step: int, extra: dict) -> None:
-    """Write summary.json and print one closing line on stdout (--quiet included): where the run went, how it ended
-    and what to run next."""
-    monitor.progress.close()
-    summary = dict(status=status, hyperparameters=dataclasses.asdict(args), env_steps=global_step)
-    summary |= dict(wall_time_seconds=round(monitor.wall_time(), 2), final_entropy=monitor.last_stats.get("entropy"))
-    summary |= dict(final_explained_variance=monitor.last_stats.get("explained_variance"))
-    summary |= dict(
-        final_approx_kl=monitor.last_stats.get("approx_kl"), mean_return_last_episodes=monitor.mean_return()
-    )
-    summary |= dict(num_last_episodes=len(monitor.recent_returns), **monitor.counters, **extra)
-    summary |= dict(torch_version=torch.__version__, gymnasium_version=gym.__version__)
-    with open(os.path.join(run_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    monitor.writer.close()
-    line = f"{PROG}: {status} at step {global_step}; run folder {run_dir}"
-    if monitor.recent_returns:
-        line += f"; mean return of the last {len(monitor.recent_returns)} episodes {monitor.mean_return():.2f}"
-    line += "; curves: tensorboard --logdir runs"
-    model_path = os.path.join(run_dir, f"{args.exp_name}.model")
-    if status == "interrupted":
-        line += f"; continue with: python {PROG} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
-    elif status == "completed" and args.save_model:
-        line += f"; evaluate with: python {PROG} --eval-checkpoint {model_path}"
-    print(line, flush=True)
 
 
 def require_positive(args, names: list[str]) -> None:
@@ -403,25 +425,237 @@ def require_positive(args, names: list[str]) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
 
 
-def step_envs(envs: list[gym.Env], actions: np.ndarray, out: tuple[np.ndarray, ...] | None = None):
-    """Step every env; an env whose episode ended is reset in the same call. `out`: the (observations, rewards,
-    terminations, truncations) rows to fill, as the rollout passes its own arrays' rows, instead of new arrays.
+# ---------------------------------------------------------------------------------------------------------------------
+# Checkpoints, one format for both scripts: tensors and plain values only, loaded with weights_only=True
+# ---------------------------------------------------------------------------------------------------------------------
+def policy_state(agent, obs_rms: RunningMeanStd, args, global_step: int) -> dict:
+    """The saved model: enough to rebuild the Agent and act (its constructor's arguments, weights, normalization
+    statistics, the action bounds) and to know how it was trained (the flags)."""
+    bounds = getattr(agent, "action_bounds", None)
+    return {
+        "agent": agent.state_dict(),
+        "agent_args": [agent.obs_dim, agent.act_dim, agent.discrete],
+        "obs_layout": agent.obs_layout,
+        "action_bounds": None if bounds is None else [torch.as_tensor(b) for b in bounds],
+        "obs_rms": obs_rms.state_dict(),
+        "args": dataclasses.asdict(args),
+        "global_step": global_step,
+    }
 
-    This is gymnasium's SAME_STEP autoreset written out: the returned observation of a finished env is the first one
-    of its next episode, and `final_obs` maps its index to the last observation of the episode that ended, which the
-    truncation bootstrap needs. (gymnasium's vector envs default to NEXT_STEP, where the step after an episode end
-    is a fake transition that must not be trained on; stepping a list directly also skips about 80 us of vector-env
-    bookkeeping per step.)"""
-    n = len(envs)
-    observations, rewards, terminations, truncations = out or (None, np.zeros(n), np.zeros(n, bool), np.zeros(n, bool))
-    final_obs: dict[int, np.ndarray] = {}
-    for i, (env, action) in enumerate(zip(envs, actions)):
-        obs, reward, terminated, truncated, _ = env.step(action)
-        rewards[i], terminations[i], truncations[i] = reward, terminated, truncated
-        if terminated or truncated:
-            final_obs[i] = obs
-            obs, _ = env.reset()
-        if observations is None:
-            observations = np.empty((n, *np.shape(obs)))
-        observations[i] = obs
-    return observations, rewards, terminations, truncations, final_obs
+
+def optimizer_state(learner) -> dict:
+    """torch.optim's state_dict, from whichever path ran the steps."""
+    if learner.fast.update is None:
+        return learner.optimizer.state_dict()
+    return learner.fast.update.state_dict()
+
+
+def training_checkpoint(learner, args, state: RunState, monitor: Monitor) -> dict:
+    """A checkpoint.pt: the saved model plus what a resumed run needs to continue exactly."""
+    checkpoint = policy_state(learner.agent, learner.obs_rms, args, state.global_step)
+    checkpoint["optimizer"] = optimizer_state(learner)
+    checkpoint["return_rms"] = learner.return_rms.state_dict()
+    checkpoint["iteration"] = state.iteration
+    checkpoint["run_name"] = args.run_name
+    checkpoint["wall_time"] = monitor.wall_time()
+    checkpoint["counters"] = dict(state.counters)
+    checkpoint["torch_rng"] = torch.get_rng_state()
+    return checkpoint
+
+
+def restore_training(ckpt: dict, learner, path: str) -> RunState:
+    """Load a checkpoint.pt into the learner (before its fast paths are chosen: they take the optimizer's state)."""
+    try:
+        learner.agent.load_state_dict(ckpt["agent"])
+        learner.obs_rms.load_state_dict(ckpt["obs_rms"])
+        learner.optimizer.load_state_dict(ckpt["optimizer"])
+        learner.return_rms.load_state_dict(ckpt["return_rms"])
+        torch.set_rng_state(ckpt["torch_rng"])
+        return RunState(
+            global_step=int(ckpt["global_step"]),
+            iteration=int(ckpt["iteration"]),
+            wall_time_before=float(ckpt["wall_time"]),
+            counters=dict(ckpt["counters"]),
+        )
+    except (RuntimeError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"checkpoint {path} does not fit this env/network: {str(e).splitlines()[0][:160]}") from None
+
+
+def agent_from_checkpoint(ckpt: dict, path: str, script) -> tuple:
+    """The Agent of `script` (the training script's module) built with the saved constructor arguments and weights,
+    and the saved observation statistics."""
+    state = ckpt["agent"]
+    try:
+        if "agent_args" in ckpt:
+            obs_dim, act_dim, discrete = ckpt["agent_args"]
+        else:  # saved before agent_args was: the stock network's first and last layers tell the sizes
+            discrete = "actor_logstd" not in state
+            obs_dim, act_dim = state["actor_mean.0.weight"].shape[1], state["actor_mean.4.weight"].shape[0]
+        agent = script.Agent(int(obs_dim), int(act_dim), bool(discrete))
+        obs_rms = RunningMeanStd(shape=(int(obs_dim),))
+        agent.load_state_dict(state)
+        agent.obs_layout = ckpt.get("obs_layout")
+        if ckpt.get("action_bounds") is not None:
+            agent.action_bounds = [b.numpy() for b in ckpt["action_bounds"]]
+        obs_rms.load_state_dict(ckpt["obs_rms"])
+    except (RuntimeError, ValueError, KeyError, IndexError, AttributeError) as e:
+        raise UsageError(
+            f"checkpoint {path} does not hold a policy this network fits: {str(e).splitlines()[0][:160]}"
+        ) from None
+    return agent, obs_rms
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Using a trained policy: load_policy for Python, --eval-checkpoint on the command line
+# ---------------------------------------------------------------------------------------------------------------------
+class Policy:
+    """A trained policy with its frozen normalization statistics.
+
+    policy = load_policy("runs/<run>/ppo_continuous.model")
+    action = policy.predict(obs)           # one observation or a batch
+    """
+
+    def __init__(self, agent, obs_rms: RunningMeanStd, saved_args: dict, script, fast_path: bool = True):
+        fast = fast_path and check_acting(agent, agent.obs_dim, agent.act_dim) is None
+        self.agent = copy.deepcopy(agent).cpu()
+        self.actor = script.make_actor(self.agent, fast)
+        self.env_id = saved_args["env_id"]
+        self.obs_clip = saved_args["obs_clip"]
+        self.obs_mean = obs_rms.mean if saved_args["norm_obs"] else None
+        self.obs_std = np.sqrt(obs_rms.var + 1e-8) if saved_args["norm_obs"] else None
+        self.obs_layout = agent.obs_layout
+        self.bounds = getattr(agent, "action_bounds", None)
+        self.make_env = script.make_env
+
+    def predict(self, obs, deterministic: bool = True, rng: np.random.Generator | None = None):
+        """The mean (or most likely) action, or a sample when not deterministic; clipped to the env's bounds. `obs` is
+        one observation or a batch, as the env returns it (a Dict observation as a dict: it is flattened here)."""
+        if self.obs_layout is not None and (isinstance(obs, (dict, tuple)) or self.obs_layout[0][0] == []):
+            obs = flatten_observation(obs, self.obs_layout)  # a Dict/Tuple, or a Box of more than one dimension
+        obs = np.asarray(obs, dtype=np.float64)
+        batch = normalize_obs(np.atleast_2d(obs), self.obs_mean, self.obs_std, self.obs_clip)
+        if deterministic:
+            actions = self.actor.best_action(batch)
+        elif self.agent.discrete:
+            actions = self.actor.act(batch, (rng or np.random.default_rng()).random((len(batch), 1)))
+        else:
+            actions = self.actor.act(
+                batch, (rng or np.random.default_rng()).standard_normal((len(batch), self.agent.act_dim))
+            )
+        if not self.agent.discrete:
+            if self.bounds is None:  # a model saved before the bounds were: the env tells them
+                env = self.make_env(self.env_id)
+                self.bounds = [env.action_space.low, env.action_space.high]
+                env.close()
+            actions = np.clip(actions, *self.bounds)
+        return actions if obs.ndim > 1 else actions[0]
+
+
+def load_policy(path: str, script=None) -> Policy:
+    """A model or checkpoint saved by ppo_continuous.py or dppo_ray.py, ready to act. `script`: the module whose Agent
+    it was trained with (default: ppo_continuous; pass your edited copy's module)."""
+    script = script or importlib.import_module("ppo_continuous")
+    ckpt = load_checkpoint(path)
+    agent, obs_rms = agent_from_checkpoint(ckpt, path, script)
+    return Policy(agent, obs_rms, ckpt["args"], script)
+
+
+def evaluate(policy: Policy, episodes: int, seed: int) -> np.ndarray:
+    """Returns of `episodes` episodes with the deterministic action; the first reset is seeded."""
+    env = policy.make_env(policy.env_id)
+    returns = []
+    obs, _ = env.reset(seed=seed)
+    while len(returns) < episodes:
+        done = False
+        episode_return = 0.0
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(policy.predict(obs))
+            episode_return += float(reward)
+            done = terminated or truncated
+        returns.append(episode_return)
+        obs, _ = env.reset()
+    env.close()
+    return np.array(returns)
+
+
+def run_eval_checkpoint(args, script) -> None:
+    quiet_mujoco_log()
+    ckpt = load_checkpoint(args.eval_checkpoint)
+    agent, obs_rms = agent_from_checkpoint(ckpt, args.eval_checkpoint, script)
+    policy = Policy(agent, obs_rms, ckpt["args"], script, args.fast_path)
+    returns = evaluate(policy, args.eval_episodes, args.seed)
+    print(
+        f"{policy.env_id}: mean return {returns.mean():.2f} ± {returns.std():.2f} over {len(returns)} episodes "
+        f"(mean action, saved normalization statistics, {ckpt.get('global_step', '?')} training steps)"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The end of a run and the command line
+# ---------------------------------------------------------------------------------------------------------------------
+def end_run(monitor: Monitor, status: str, learner, state: RunState, script, extra: dict) -> None:
+    """After training: the model and its evaluation (with --save-model, when the run completed), summary.json, and one
+    closing line on stdout (--quiet included): where the run went, how it ended and what to run next."""
+    args, run_dir = monitor.args, monitor.run_dir
+    model_path = os.path.join(run_dir, f"{args.exp_name}.model")
+    if status == "completed" and args.save_model:
+        save_atomic(policy_state(learner.agent, learner.obs_rms, args, state.global_step), model_path)
+        policy = Policy(learner.agent, learner.obs_rms, dataclasses.asdict(args), script, args.fast_path)
+        returns = evaluate(policy, args.eval_episodes, args.seed + 10**6)
+        for idx, episodic_return in enumerate(returns):
+            monitor.writer.add_scalar("eval/episodic_return", episodic_return, idx)
+        print(f"model saved to {model_path}; eval return {returns.mean():.2f} ± {returns.std():.2f}")
+    monitor.progress.close()
+    summary = {
+        "status": status,
+        "hyperparameters": dataclasses.asdict(args),
+        "env_steps": state.global_step,
+        "wall_time_seconds": round(monitor.wall_time(), 2),
+        "final_entropy": monitor.last_stats.get("entropy"),
+        "final_explained_variance": monitor.last_stats.get("explained_variance"),
+        "final_approx_kl": monitor.last_stats.get("approx_kl"),
+        "mean_return_last_episodes": monitor.mean_return(),
+        "num_last_episodes": len(monitor.recent_returns),
+        **state.counters,
+        "fast_paths": learner.fast.used,
+        **extra,
+        "torch_version": torch.__version__,
+        "gymnasium_version": gym.__version__,
+    }
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    monitor.writer.close()
+    line = f"{PROG}: {status} at step {state.global_step}; run folder {run_dir}"
+    if monitor.recent_returns:
+        line += f"; mean return of the last {len(monitor.recent_returns)} episodes {monitor.mean_return():.2f}"
+    line += "; curves: tensorboard --logdir runs"
+    if status == "interrupted":
+        line += f"; continue with: python {PROG} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
+    elif status == "completed" and args.save_model:
+        line += f"; evaluate with: python {PROG} --eval-checkpoint {model_path}"
+    print(line, flush=True)
+
+
+def cli(args_type: type, validate, train, script) -> int:
+    """Parse the flags, then train or evaluate; bad input is one line on stderr and exit status 2. `script`: the
+    module whose Agent a checkpoint to evaluate was trained with."""
+    args = tyro.cli(args_type)
+    sys.path.insert(0, os.getcwd())  # `--env-id module:EnvId` finds the module in the working directory, as python -m
+    try:
+        if args.resume and not args.eval_checkpoint:  # both together are refused by validate()
+            args = resumed_args(args_type, args)
+        validate(args)
+        if args.eval_checkpoint:
+            run_eval_checkpoint(args, script)
+            return 0
+        done = int(load_checkpoint(args.resume).get("iteration", 0)) if args.resume else 0
+        if done and done >= args.num_iterations:  # a finished run: say so and leave its files as they are
+            print(
+                f"{PROG}: {args.resume} has run {done} of {args.num_iterations} iterations: nothing to do "
+                "(raise --total-timesteps to extend it)"
+            )
+            return 0
+        return train(args)
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2

@@ -39,26 +39,27 @@ def profile_update(args: ppo.Args, obs_dim: int, act_dim: int, repeats: int) -> 
     n = args.num_envs * args.num_steps
     g = torch.Generator().manual_seed(0)
     batch = {k: torch.randn(n, generator=g) for k in ("logprobs", "advantages", "values", "returns")}
-    batch |= dict(obs=torch.randn(n, obs_dim, generator=g), actions=torch.randn(n, act_dim, generator=g))
-    batch |= dict(size=n, non_finite=0, outliers=0)
-    agent, optimizer, _, _ = ppo.make_learner(args, obs_dim, act_dim, False, torch.device("cpu"))
-    plain, plain_optimizer, _, _ = ppo.make_learner(args, obs_dim, act_dim, False, torch.device("cpu"))
-    fast = ppo.start_fast_paths(agent, optimizer, args)
-    plain_paths = ppo.start_fast_paths(plain, plain_optimizer, dataclasses.replace(args, fast_path=False))
+    batch["obs"] = torch.randn(n, obs_dim, generator=g)
+    batch["actions"] = torch.randn(n, act_dim, generator=g)
+    batch["size"] = n
+    batch["non_finite"] = batch["outliers"] = 0
+    fast = ppo.make_learner(args, obs_dim, act_dim, False, torch.device("cpu"))
+    plain = ppo.make_learner(args, obs_dim, act_dim, False, torch.device("cpu"))
+    ppo.start_fast_paths(fast, args)
+    ppo.start_fast_paths(plain, dataclasses.replace(args, fast_path=False))
     minibatches = args.update_epochs * args.num_minibatches
-    stacked = best_seconds(lambda: ppo.ppo_update(agent, optimizer, batch, args, args.ent_coef, fast), repeats)
-    textbook = best_seconds(
-        lambda: ppo.ppo_update(plain, plain_optimizer, batch, args, args.ent_coef, plain_paths), repeats
-    )
+    stacked = best_seconds(lambda: ppo.ppo_update(fast, batch, args, args.ent_coef), repeats)
+    textbook = best_seconds(lambda: ppo.ppo_update(plain, batch, args, args.ent_coef), repeats)
     return dict(stacked_ms=1000 * stacked / minibatches, plain_ms=1000 * textbook / minibatches)
 
 
 def profile_rollout(args: ppo.Args, steps: int, repeats: int) -> dict:
     sampler = ppo.Sampler(args.env_id, args.num_envs, args.seed, args)
-    obs_dim, act_dim, _ = ppo.check_spaces(args.env_id, sampler.envs[0])
-    agent, _, obs_rms, _ = ppo.make_learner(args, obs_dim, act_dim, False, torch.device("cpu"))
-    obs_rms.update_from_moments(*sampler.warm_up(256))
-    sampler.set_policy(ppo.policy_weights(agent, obs_rms, True), 0)
+    obs_dim, act_dim, _ = sampler.spaces
+    learner = ppo.make_learner(args, obs_dim, act_dim, False, torch.device("cpu"))
+    learner.obs_rms.update_from_moments(*sampler.warm_up(256))
+    ppo.start_fast_paths(learner, args)
+    sampler.set_policy(ppo.policy_weights(learner), 0)
     rollout = best_seconds(lambda: sampler.rollout(steps), repeats)
     rng = np.random.default_rng(0)
     space = sampler.envs[0].action_space

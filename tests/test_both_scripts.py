@@ -22,6 +22,7 @@ sys.path.insert(0, str(REPO))
 
 import dppo_ray  # noqa: E402
 import ppo_continuous  # noqa: E402
+import run_utils  # noqa: E402
 from tests.envs import cycle_values  # noqa: E402
 
 # The same rollout shape for both: ppo's 2 envs x 128 steps, DPPO's 2 actors x 1 env x 128 steps (in-process).
@@ -87,7 +88,7 @@ def test_truncation_bootstraps_with_normalized_observations(tmp_path, script):
     result = run(script, [*args, *SHAPE[script]], tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr
     policy_ckpt = torch.load(tmp_path / "runs" / "c" / "checkpoint.pt", weights_only=True)
-    agent, obs_rms = ppo_continuous.agent_from_checkpoint(policy_ckpt, "c")
+    agent, obs_rms = run_utils.agent_from_checkpoint(policy_ckpt, "c", ppo_continuous)
     obs = obs_rms.normalize(np.arange(10.0)[:, None], 10.0).astype(np.float32)
     with torch.no_grad():
         values = agent.get_value(torch.from_numpy(obs)).numpy()
@@ -197,21 +198,21 @@ def test_observation_layout_follows_gymnasiums_flatten_order():
     import gymnasium as gym
 
     raw = gym.make("tests.envs:Reach-v0")
-    layout = ppo_continuous.observation_layout("Reach-v0", raw.observation_space)
+    layout = run_utils.observation_layout("Reach-v0", raw.observation_space)
     assert layout == [[["target"], [2]], [["body", "position"], [2]], [["body", "velocity"], [2]]]
     obs, _ = raw.reset(seed=3)
     flat = gym.spaces.flatten(raw.observation_space, obs)
-    np.testing.assert_array_equal(ppo_continuous.flatten_observation(obs, layout), flat)
+    np.testing.assert_array_equal(run_utils.flatten_observation(obs, layout), flat)
     batch = {"target": np.stack([obs["target"]] * 3), "body": {k: np.stack([v] * 3) for k, v in obs["body"].items()}}
-    np.testing.assert_array_equal(ppo_continuous.flatten_observation(batch, layout), np.stack([flat] * 3))
+    np.testing.assert_array_equal(run_utils.flatten_observation(batch, layout), np.stack([flat] * 3))
     env = ppo_continuous.make_env("tests.envs:Reach-v0")
     assert env.observation_space.shape == (6,) and env.obs_layout == layout
     np.testing.assert_array_equal(env.reset(seed=3)[0], flat)
     assert ppo_continuous.make_env("Pendulum-v1").obs_layout is None
-    image_like = ppo_continuous.observation_layout("x", gym.spaces.Box(0, 1, (2, 3)))
+    image_like = run_utils.observation_layout("x", gym.spaces.Box(0, 1, (2, 3)))
     assert image_like == [[[], [2, 3]]]
     grid = np.arange(12.0).reshape(2, 2, 3)  # a batch of two 2x3 observations
-    np.testing.assert_array_equal(ppo_continuous.flatten_observation(grid, image_like), grid.reshape(2, 6))
+    np.testing.assert_array_equal(run_utils.flatten_observation(grid, image_like), grid.reshape(2, 6))
 
 
 @pytest.mark.parametrize("script", ["ppo_continuous.py", "dppo_ray.py"])

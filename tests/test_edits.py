@@ -55,9 +55,10 @@ ACTS_AS_EDITED = """
 import json, sys
 import numpy as np, torch
 import ppo_continuous as p
+import run_utils
 policy = p.load_policy(sys.argv[1])
-ckpt = p.load_checkpoint(sys.argv[1])
-agent, obs_rms = p.agent_from_checkpoint(ckpt, sys.argv[1])
+ckpt = run_utils.load_checkpoint(sys.argv[1])
+agent, obs_rms = run_utils.agent_from_checkpoint(ckpt, sys.argv[1], p)
 obs = np.random.default_rng(0).normal(size=(16, 3)) * 2
 with torch.no_grad():
     normalized = torch.tensor(np.clip((obs - obs_rms.mean) / np.sqrt(obs_rms.var + 1e-8), -10, 10), dtype=torch.float32)

@@ -22,7 +22,9 @@ SCRIPT = REPO / "ppo_continuous.py"
 sys.path.insert(0, str(REPO))
 
 import fast_paths  # noqa: E402
+import gae  # noqa: E402
 import ppo_continuous  # noqa: E402
+import run_utils  # noqa: E402
 
 # Small, fast settings: 2 iterations of 4 envs x 64 steps.
 SMALL = ["--num-envs", "4", "--num-steps", "64", "--num-minibatches", "4", "--update-epochs", "2", "--quiet"]
@@ -140,10 +142,10 @@ def test_eval_checkpoint_uses_saved_normalization(tmp_path):
     # The same evaluation in Python, with load_policy and with fresh statistics: the CLI must match the former.
     policy = ppo_continuous.load_policy(str(model))
     assert policy.obs_mean is not None and np.any(policy.obs_mean != 0), "the model must carry the statistics"
-    with_saved = ppo_continuous.evaluate(policy, 3, 7).mean()
+    with_saved = run_utils.evaluate(policy, 3, 7).mean()
     fresh = ppo_continuous.load_policy(str(model))
     fresh.obs_mean, fresh.obs_std = np.zeros(3), np.ones(3)
-    with_fresh = ppo_continuous.evaluate(fresh, 3, 7).mean()
+    with_fresh = run_utils.evaluate(fresh, 3, 7).mean()
     assert printed_mean == pytest.approx(with_saved, abs=0.01)
     assert with_saved != pytest.approx(with_fresh, abs=0.01)
     # predict: one observation or a batch, the mean action, clipped to the action space
@@ -402,6 +404,13 @@ def test_resume_from_checkpoint_of_another_env_is_refused(tmp_path):
     assert result.returncode == 2 and "was trained on Pendulum-v1, not --env-id Hopper-v5" in result.stderr
 
 
+def learner_for(agent: ppo_continuous.Agent, obs_rms, fast_acting: bool) -> ppo_continuous.Learner:
+    """A Learner around a given agent and statistics, acting on the fast path or not (what policy_weights reads)."""
+    learner = ppo_continuous.Learner(agent, torch.optim.Adam(agent.parameters()), obs_rms, None)
+    learner.fast.acting = fast_acting
+    return learner
+
+
 def perturbed_agent(obs_dim: int, act_dim: int, discrete: bool) -> ppo_continuous.Agent:
     torch.manual_seed(0)
     agent = ppo_continuous.Agent(obs_dim, act_dim, discrete)
@@ -474,12 +483,12 @@ def test_rollout_log_probs_and_actions_are_the_policys(env_id, fast):
     log-probs must be the learner's for the stored (obs, action) pairs, and the actions those that the actor draws
     step by step from the same generator, on either acting path."""
     args = ppo_continuous.Args(env_id=env_id)
-    sampler = ppo_continuous.Sampler(env_id, 2, 0, args)
+    sampler = ppo_continuous.Sampler(env_id, 2, 0, args, allow_discrete=True)
     obs_dim, act_dim, discrete = ppo_continuous.check_spaces(env_id, sampler.envs[0], allow_discrete=True)
     agent = perturbed_agent(obs_dim, act_dim, discrete)
     obs_rms = ppo_continuous.RunningMeanStd(shape=(obs_dim,))
     obs_rms.update_from_moments(*sampler.warm_up(32))
-    sampler.set_policy(ppo_continuous.policy_weights(agent, obs_rms, fast), 0)
+    sampler.set_policy(ppo_continuous.policy_weights(learner_for(agent, obs_rms, fast)), 0)
     assert isinstance(sampler.policy, fast_paths.NumpyActor if fast else ppo_continuous.TorchActor)
     replay = np.random.default_rng()
     replay.bit_generator.state = sampler.rng.bit_generator.state
@@ -503,12 +512,12 @@ def test_rollout_acts_on_zeros_for_a_non_finite_observation_and_stores_its_row_a
     all-NaN row, which the guard masks; every other row must be the normalized observation the policy acted on."""
     env_id = "tests.envs:NanObsSometimes-v0"  # a NaN observation every 97 steps of each env
     args = ppo_continuous.Args(env_id=env_id)
-    sampler = ppo_continuous.Sampler(env_id, 2, 0, args)
+    sampler = ppo_continuous.Sampler(env_id, 2, 0, args, allow_discrete=True)
     obs_dim, act_dim, _ = ppo_continuous.check_spaces(env_id, sampler.envs[0])
     agent = perturbed_agent(obs_dim, act_dim, False)
     obs_rms = ppo_continuous.RunningMeanStd(shape=(obs_dim,))
     obs_rms.update(np.random.default_rng(1).normal(0.5, 2.0, size=(64, obs_dim)))
-    weights = ppo_continuous.policy_weights(agent, obs_rms, True)
+    weights = ppo_continuous.policy_weights(learner_for(agent, obs_rms, True))
     sampler.set_policy(weights, 0)
     replay = np.random.default_rng()
     replay.bit_generator.state = sampler.rng.bit_generator.state
@@ -534,10 +543,11 @@ def test_rollout_episode_returns_and_lengths_carry_across_rollouts(env_id):
     the order the episodes ended, must be those of a step-by-step count over all rollouts' rewards and episode ends
     (episodes span rollouts: Pendulum's are 200 steps, the rollouts 70)."""
     args = ppo_continuous.Args(env_id=env_id)
-    sampler = ppo_continuous.Sampler(env_id, 3, 0, args)
+    sampler = ppo_continuous.Sampler(env_id, 3, 0, args, allow_discrete=True)
     obs_dim, act_dim, discrete = ppo_continuous.check_spaces(env_id, sampler.envs[0], allow_discrete=True)
     obs_rms = ppo_continuous.RunningMeanStd(shape=(obs_dim,))
-    sampler.set_policy(ppo_continuous.policy_weights(perturbed_agent(obs_dim, act_dim, discrete), obs_rms, True), 0)
+    agent = perturbed_agent(obs_dim, act_dim, discrete)
+    sampler.set_policy(ppo_continuous.policy_weights(learner_for(agent, obs_rms, True)), 0)
     rollouts = [sampler.rollout(70) for _ in range(10)]
     sampler.close()
     rewards = np.concatenate([r["rewards"] for r in rollouts])
@@ -581,12 +591,12 @@ def test_stacked_update_computes_what_the_plain_update_computes():
     optimizer, fast = fast_update_for(agent, args.learning_rate)
     batch = random_batch(256, 11, 3, False)
     torch.manual_seed(7)
-    stats, problem = ppo_continuous.ppo_update(agent, optimizer, batch, args, 0.01, fast)
+    learner = ppo_continuous.Learner(agent, optimizer, None, None, fast)
+    stats, problem = ppo_continuous.ppo_update(learner, batch, args, 0.01)
     torch.manual_seed(7)
     torch_adam = torch.optim.Adam(reference.parameters(), lr=args.learning_rate, eps=1e-5)
-    plain_stats, plain_problem = ppo_continuous.ppo_update(
-        reference, torch_adam, batch, args, 0.01, fast_paths.FastPaths()
-    )
+    plain_learner = ppo_continuous.Learner(reference, torch_adam, None, None)
+    plain_stats, plain_problem = ppo_continuous.ppo_update(plain_learner, batch, args, 0.01)
     assert problem is None and plain_problem is None and stats["losses/value_loss"] > 0
     for key, value in plain_stats.items():
         assert value == pytest.approx(stats[key], rel=1e-3, abs=1e-5), key
@@ -703,7 +713,7 @@ def test_a_network_or_optimizer_the_stacked_update_cannot_run_is_refused_with_it
         fast_paths.StackedUpdate(agent, optimizer)
     settings = [dict(clip_coef=0.2, clip_vloss=True, ent_coef=0.0, vf_coef=0.5, norm_adv=True)]
     plain = (ppo_continuous.loss_and_gradients, ppo_continuous.clip_gradients)
-    fast, lines = fast_paths.choose_fast_paths(agent, optimizer, 5, 2, settings, False, True, plain)
+    fast, lines = fast_paths.choose_fast_paths(agent, optimizer, settings, False, True, plain)
     assert fast.update is None and fast.acting  # LayerNorm included: numpy runs that one layer in torch
     assert len(lines) == 1 and lines[0].startswith("fast update off:") and reason in lines[0]
 
@@ -716,7 +726,7 @@ def test_the_start_up_check_catches_a_fast_path_that_drifts_from_the_definition(
     optimizer = torch.optim.Adam(agent.parameters(), eps=1e-5)
     settings = [dict(clip_coef=0.2, clip_vloss=True, ent_coef=0.0, vf_coef=0.5, norm_adv=True)]
     plain = (ppo_continuous.loss_and_gradients, ppo_continuous.clip_gradients)
-    fast, lines = fast_paths.choose_fast_paths(agent, optimizer, 5, 2, settings, False, True, plain)
+    fast, lines = fast_paths.choose_fast_paths(agent, optimizer, settings, False, True, plain)
     assert fast.acting and fast.update is not None and lines == []
 
     def per_tensor_clip(gradients, max_norm):
@@ -735,7 +745,7 @@ def test_the_start_up_check_catches_a_fast_path_that_drifts_from_the_definition(
                 m.setitem(fast_paths.DERIVATIVES, torch.nn.ReLU, lambda module, u, h: torch.ones_like(u))
             if drift == "actor":
                 m.setattr(fast_paths, "numpy_layer", lambda module: fast_paths.torch_layer(torch.nn.Tanh()))
-            fast, lines = fast_paths.choose_fast_paths(agent, optimizer, 11, 3, settings, False, True, checked)
+            fast, lines = fast_paths.choose_fast_paths(agent, optimizer, settings, False, True, checked)
         if drift == "actor":
             assert not fast.acting and len(lines) == 1 and lines[0].startswith("fast acting off: it differs")
         else:
@@ -751,10 +761,26 @@ def test_normalize_obs_standardizes_clips_and_marks_non_finite_rows(with_statist
     expected = raw.copy() if mean is None else np.clip((raw - mean) / std, -2.5, 2.5)
     expected[[1, 3]] = np.nan  # the whole row, whatever the clip would have made of it
     out = np.full((5, 4), 7.0, np.float32)
-    x = ppo_continuous.normalize_obs(raw, mean, std, 2.5, out=out)
+    x = gae.normalize_obs(raw, mean, std, 2.5, out=out)
     assert x is out and x.dtype == np.float32
     np.testing.assert_array_equal(x, expected.astype(np.float32))
-    np.testing.assert_array_equal(ppo_continuous.normalize_obs(raw, mean, std, 2.5), x)
-    for_acting = ppo_continuous.normalize_obs(raw, mean, std, 2.5, fill=0.0)
+    np.testing.assert_array_equal(gae.normalize_obs(raw, mean, std, 2.5), x)
+    for_acting = gae.normalize_obs(raw, mean, std, 2.5, fill=0.0)
     np.testing.assert_array_equal(for_acting[[1, 3]], 0.0)
     np.testing.assert_array_equal(np.delete(for_acting, [1, 3], axis=0), np.delete(x, [1, 3], axis=0))
+
+
+def test_mujocos_settotalmass_deprecation_is_not_printed_but_other_warnings_are(tmp_path, capsys):
+    """Every HalfCheetah env used to print MuJoCo's deprecation of gymnasium's `settotalmass` (two lines on stderr),
+    which a user cannot act on; other MuJoCo warnings still reach stderr, and no MUJOCO_LOG.TXT is written."""
+    code = "import run_utils, gymnasium as gym; run_utils.quiet_mujoco_log(); gym.make('HalfCheetah-v5').reset(seed=0)"
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=environment
+    )
+    assert result.returncode == 0, result.stderr
+    assert "settotalmass" not in result.stderr
+    assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
+    run_utils.mujoco_warning("compiler attribute 'settotalmass' is deprecated and will be removed")
+    run_utils.mujoco_warning("Nan, Inf or huge value in QACC at DOF 0")
+    assert capsys.readouterr().err == "WARNING: Nan, Inf or huge value in QACC at DOF 0\n"
