@@ -641,7 +641,8 @@ def clip_gradients(gradients: list[torch.Tensor], max_norm: float) -> float:
     """nn.utils.clip_grad_norm_'s clip, in place: scale the gradients so that their global norm is at most max_norm;
     returns the norm before clipping. (The fast update passes its one flat gradient buffer, the plain path each
     parameter's gradient; the start-up check makes sure that this function treats them alike.)"""
-    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in gradients])).item()
+    norms = [torch.linalg.vector_norm(g) for g in gradients]
+    norm = (norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))).item()
     if norm > max_norm:  # a NaN norm falls through to the caller's guard
         for g in gradients:
             g.mul_(max_norm / (norm + 1e-6))
@@ -657,14 +658,19 @@ def ppo_update(learner: Learner, batch: dict, args: Args, ent_coef: float) -> tu
     if kept < batch["size"] / 2:
         return {}, f"only {kept} of {batch['size']} samples are usable (NaN/inf data or outlier advantages)"
     loss_kwargs = loss_settings(args, ent_coef)
-    columns = {key: value for key, value in batch.items() if isinstance(value, torch.Tensor)}
+    # The batch's columns side by side in one tensor, so that a minibatch is one gather and views of it: the
+    # per-sample vectors (observations, Box actions), then the per-sample numbers stacked
+    vectors = [key for key, value in batch.items() if isinstance(value, torch.Tensor) and value.dim() == 2]
+    numbers = [key for key, value in batch.items() if isinstance(value, torch.Tensor) and value.dim() == 1]
+    packed = torch.cat([batch[key] for key in vectors] + [torch.stack([batch[key] for key in numbers], 1)], 1)
+    widths = [batch[key].shape[1] for key in vectors] + [len(numbers)]
     ratios = []
     stats = None
     for epoch in range(args.update_epochs):
         permutation = torch.randperm(kept, device=batch["advantages"].device)
         for indices in torch.tensor_split(permutation, args.num_minibatches):
-            # index_select rather than column[indices]: the same rows, with less overhead per call
-            minibatch = {key: column.index_select(0, indices) for key, column in columns.items()}
+            *vector_rows, number_rows = packed.index_select(0, indices).split(widths, 1)
+            minibatch = dict(zip(vectors, vector_rows)) | dict(zip(numbers, number_rows.unbind(1)))
             if fast_update is not None:
                 stats = fast_update.loss_and_gradients(minibatch, **loss_kwargs)
             else:
