@@ -198,6 +198,8 @@ def stacked_layers(agent: nn.Module) -> tuple[list[int], list[nn.Module]]:
             activations.append(a)
     if critic[-1].out_features != 1 or critic[-1].out_features > actor[-1].out_features:
         raise DoesNotFit("the critic does not end in one output")
+    if any(True for _ in agent.buffers()):
+        raise DoesNotFit("the Agent has buffers, which the stacked layers do not carry")
     expected = {f"{net}.{i}.{p}" for net in ("actor_mean", "critic") for i in linear for p in ("weight", "bias")}
     names = {name for name, _ in agent.named_parameters()}
     logstd = getattr(agent, "actor_logstd", None)
@@ -409,29 +411,42 @@ class FastPaths:
         return "|part|runs on|\n|-|-|\n" + "\n".join(f"|{part}|{way}|" for part, way in self.used.items())
 
 
-def largest_difference(fast, plain) -> tuple[float, float]:
-    """(max |fast - plain|, max |plain|) over paired arrays or tensors."""
-    difference, scale = 0.0, 0.0
-    for f, p in zip(fast, plain, strict=True):
-        f = torch.tensor(f) if isinstance(f, np.ndarray) else torch.as_tensor(f)
-        p = torch.tensor(p) if isinstance(p, np.ndarray) else torch.as_tensor(p)
-        f, p = f.detach().double().cpu(), p.detach().double().cpu()
-        if f.shape != p.shape:
-            return float("inf"), 0.0
-        difference = max(difference, float((f - p).abs().max()) if f.numel() else 0.0)
-        scale = max(scale, float(p.abs().max()) if p.numel() else 0.0)
-    return difference, scale
+def as_float64(x) -> torch.Tensor:
+    x = torch.tensor(x) if isinstance(x, np.ndarray) else torch.as_tensor(x)
+    return x.detach().double().cpu()
 
 
-def matches(difference: float, scale: float) -> bool:
-    return difference <= TOLERANCE * max(scale, 1e-3)
+def compare(fast, plain) -> tuple[bool, float]:
+    """Whether each fast value agrees with its plain counterpart within TOLERANCE of that counterpart's own largest
+    magnitude (floored at a thousandth of the largest over all of them, so that float noise in a near-zero tensor is
+    no mismatch), and the largest absolute difference."""
+    pairs = [(as_float64(f), as_float64(p)) for f, p in zip(fast, plain, strict=True)]
+    if any(f.shape != p.shape for f, p in pairs):
+        return False, float("inf")
+    differences = [float((f - p).abs().max()) if p.numel() else 0.0 for f, p in pairs]
+    scales = [float(p.abs().max()) if p.numel() else 0.0 for _, p in pairs]
+    floor = max(1e-6, 1e-3 * max(scales, default=0.0))
+    agree = all(d <= TOLERANCE * max(scale, floor) for d, scale in zip(differences, scales))
+    return agree and all(np.isfinite(differences)), max(differences, default=0.0)
+
+
+def perturbed_copy(agent: nn.Module) -> nn.Module:
+    """A copy of the agent with every parameter moved by random noise: at the initial weights the actor's means are
+    near 0 and its log-std is 0, where an edit such as a tanh on the mean or a clamp on the std changes nothing; the
+    check must see the network where it will train."""
+    copied = copy.deepcopy(agent)
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for param in copied.parameters():
+            param.add_(0.3 * torch.randn(param.shape, generator=generator).to(param.device, param.dtype))
+    return copied
 
 
 def check_acting(agent: nn.Module, obs_dim: int, act_dim: int, rows: int = 64) -> str | None:
     """None when NumpyActor computes what Agent.get_distribution defines, else why not."""
     generator = torch.Generator().manual_seed(0)
-    cpu_agent = copy.deepcopy(agent).cpu()
     try:
+        cpu_agent = perturbed_copy(agent).cpu()
         numpy_actor = NumpyActor(cpu_agent)
         obs = torch.randn(rows, obs_dim, generator=generator)
         with torch.no_grad():
@@ -452,8 +467,8 @@ def check_acting(agent: nn.Module, obs_dim: int, act_dim: int, rows: int = 64) -
         return f"the network does not fit it ({e})"
     except Exception as e:  # noqa: BLE001 (any network that the plain path runs must not end the run here)
         return f"mirroring Agent failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
-    difference, scale = largest_difference(fast, plain)
-    if not matches(difference, scale):
+    agree, difference = compare(fast, plain)
+    if not agree:
         return f"it differs from Agent.get_distribution (max difference {difference:.3g})"
     return None
 
@@ -470,8 +485,9 @@ def synthetic_minibatch(agent: nn.Module, obs_dim: int, clip_coef: float, decoup
         dist = agent.get_distribution(obs.to(device))
         actions = (dist.mean + dist.stddev * noise.to(device)).cpu()
         new_logprob, _, new_value = agent.evaluate(obs.to(device), actions.to(device))
-    ratios = torch.tensor([1 - 2 * clip_coef, 1 - clip_coef / 2, 1.0, 1 + clip_coef / 2, 1 + 2 * clip_coef])
-    ratio = ratios.clamp(min=0.05).repeat(rows // len(ratios) + 1)[:rows]
+    # Seven ratios (an odd count, so that each meets both signs of advantage), far outside the clip too
+    ratios = torch.tensor([0.02, 1 - 2 * clip_coef, 1 - clip_coef / 2, 1.0, 1 + clip_coef / 2, 1 + 2 * clip_coef, 6.0])
+    ratio = ratios.clamp(min=0.01).repeat(rows // len(ratios) + 1)[:rows]
     sign = torch.tensor([1.0, -1.0]).repeat(rows // 2 + 1)[:rows]
     value_steps = torch.tensor([2.0, 0.5, -0.5, -2.0]).repeat(rows // 4 + 1)[:rows] * clip_coef
     minibatch = dict(obs=obs, actions=actions, logprobs=new_logprob.cpu() - ratio.log())
@@ -479,7 +495,9 @@ def synthetic_minibatch(agent: nn.Module, obs_dim: int, clip_coef: float, decoup
     minibatch["values"] = new_value.cpu() - value_steps
     minibatch["returns"] = new_value.cpu() + torch.randn(rows, generator=generator)
     if decoupled:
-        minibatch["behaviour_logprobs"] = minibatch["logprobs"] + 0.3 * torch.randn(rows, generator=generator)
+        # importance weights pi_old / pi_behaviour on both sides of 1, and past --max-is-weight's default cap
+        weights = torch.tensor([0.2, 0.8, 1.3, 150.0]).repeat(rows // 4 + 1)[:rows]
+        minibatch["behaviour_logprobs"] = minibatch["logprobs"] - weights.log()
     return {key: value.to(device) for key, value in minibatch.items()}
 
 
@@ -490,13 +508,14 @@ def check_update(agent, optimizer, obs_dim: int, loss_settings: list[dict], deco
     try:
         adam_settings(optimizer, agent)
         stacked_layers(agent)
-        plain_agent, fast_agent = copy.deepcopy(agent), copy.deepcopy(agent)
+        plain_agent = perturbed_copy(agent)
+        fast_agent = copy.deepcopy(plain_agent)
         fast = StackedUpdate(fast_agent, torch.optim.Adam(fast_agent.parameters(), **adam_options(optimizer)))
     except DoesNotFit as e:
         return f"the network or optimizer does not fit it ({e})"
     except Exception as e:  # noqa: BLE001
         return f"stacking Agent failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
-    worst = (0.0, 0.0, "")
+    worst = (0.0, "")
     try:
         for loss_kwargs in loss_settings:
             minibatch = synthetic_minibatch(plain_agent, obs_dim, loss_kwargs["clip_coef"], decoupled)
@@ -505,9 +524,10 @@ def check_update(agent, optimizer, obs_dim: int, loss_settings: list[dict], deco
             fast_stats = fast.loss_and_gradients(minibatch, **loss_kwargs)
             _, _, plain_values = plain_agent.evaluate(minibatch["obs"], minibatch["actions"])
             fast_values = fast.forward(minibatch["obs"])[2][1, :, 0]
+            fields = ("loss", "policy_loss", "value_loss", "entropy", "ratio")
             compared = {
                 "value": ([fast_values], [plain_values.detach()]),
-                "loss": ([fast_stats.loss, fast_stats.ratio], [plain_stats.loss.detach(), plain_stats.ratio.detach()]),
+                "loss": ([getattr(fast_stats, f) for f in fields], [getattr(plain_stats, f).detach() for f in fields]),
                 "gradient": (
                     [p.grad for p in fast_agent.parameters()],
                     [p.grad if p.grad is not None else torch.zeros_like(p) for p in plain_agent.parameters()],
@@ -524,13 +544,13 @@ def check_update(agent, optimizer, obs_dim: int, loss_settings: list[dict], deco
                 compared[f"clipped gradient (x{scale_up:g})"] = (fast_clipped, plain_grads)
                 compared[f"gradient norm (x{scale_up:g})"] = ([torch.tensor(fast_norm)], [torch.tensor(plain_norm)])
             for what, (fast_values_, plain_values_) in compared.items():
-                difference, scale = largest_difference(fast_values_, plain_values_)
-                if not matches(difference, scale) and difference - TOLERANCE * scale > worst[0] - TOLERANCE * worst[1]:
-                    worst = (difference, scale, what)
+                agree, difference = compare(fast_values_, plain_values_)
+                if not agree and difference >= worst[0]:
+                    worst = (difference, what)
     except Exception as e:  # noqa: BLE001
         return f"running it failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
-    if worst[2]:
-        return f"it differs from autograd through Agent and ppo_loss (max {worst[2]} difference {worst[0]:.3g})"
+    if worst[1]:
+        return f"it differs from autograd through Agent and ppo_loss (max {worst[1]} difference {worst[0]:.3g})"
     return None
 
 
@@ -542,25 +562,34 @@ def adam_options(optimizer: torch.optim.Optimizer) -> dict:
 def choose_fast_paths(
     agent, optimizer, loss_settings: list[dict], decoupled: bool, enabled: bool, plain
 ) -> tuple[FastPaths, list[str]]:
-    """Check each fast path against the plain path on copies of the run's agent and optimizer, with each of the
-    run's loss settings; returns which parts run fast, and one line for each part that steps aside. `plain`:
+    """Check each fast path against the plain path on perturbed copies of the run's agent and its optimizer, with each
+    of the run's loss settings; returns which parts run fast, and one line for each part that steps aside. `plain`:
     ppo_continuous.py's (loss_and_gradients, clip_gradients). With enabled=False (--no-fast-path) nothing is checked."""
-    obs_dim, act_dim = agent.obs_dim, agent.act_dim
     plain_acting = "torch (Agent.get_distribution)"
     plain_update = f"autograd (loss.backward()) and torch.optim.{type(optimizer).__name__}"
     if not enabled:
         return FastPaths(False, None, {"acting": plain_acting, "update": plain_update}), []
     lines = []
-    acting_problem = check_acting(agent, obs_dim, act_dim)
+    # The checks run the user's code, which may draw random numbers (dropout, say): the run's streams must not move
+    device = next(agent.parameters()).device
+    numpy_state = np.random.get_state()  # noqa: NPY002 (the global stream a user's code may draw from)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        acting_problem = check_acting(agent, agent.obs_dim, agent.act_dim)
+        update_problem = check_update(agent, optimizer, agent.obs_dim, loss_settings, decoupled, plain)
+    np.random.set_state(numpy_state)  # noqa: NPY002
+    update = None
+    if update_problem is None:
+        try:
+            update = StackedUpdate(agent, optimizer)
+        except Exception as e:  # noqa: BLE001 (a resumed optimizer state that does not fit, say)
+            update_problem = (
+                f"building it failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+            )
     if acting_problem:
         lines.append(f"fast acting off: {acting_problem}; acting with torch through Agent.get_distribution")
-    update_problem = check_update(agent, optimizer, obs_dim, loss_settings, decoupled, plain)
-    update = None
     if update_problem:
         optimizer_name = f"torch.optim.{type(optimizer).__name__}"
         lines.append(f"fast update off: {update_problem}; training with loss.backward() and {optimizer_name}")
-    else:
-        update = StackedUpdate(agent, optimizer)
     used = {
         "acting": plain_acting if acting_problem else "numpy (NumpyActor, checked against Agent.get_distribution)",
         "update": plain_update if update_problem else "StackedUpdate (checked against autograd and torch.optim.Adam)",

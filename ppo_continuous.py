@@ -669,6 +669,8 @@ def ppo_update(learner: Learner, batch: dict, args: Args, ent_coef: float) -> tu
     for epoch in range(args.update_epochs):
         permutation = torch.randperm(kept, device=batch["advantages"].device)
         for indices in torch.tensor_split(permutation, args.num_minibatches):
+            if len(indices) == 0:  # more minibatches than samples kept
+                continue
             *vector_rows, number_rows = packed.index_select(0, indices).split(widths, 1)
             minibatch = dict(zip(vectors, vector_rows)) | dict(zip(numbers, number_rows.unbind(1)))
             if fast_update is not None:

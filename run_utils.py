@@ -469,6 +469,9 @@ def restore_training(ckpt: dict, learner, path: str) -> RunState:
         learner.agent.load_state_dict(ckpt["agent"])
         learner.obs_rms.load_state_dict(ckpt["obs_rms"])
         learner.optimizer.load_state_dict(ckpt["optimizer"])
+        for group in learner.optimizer.param_groups:  # checkpoints before torch.optim saved only lr, betas and eps
+            for key, value in learner.optimizer.defaults.items():
+                group.setdefault(key, value)
         learner.return_rms.load_state_dict(ckpt["return_rms"])
         torch.set_rng_state(ckpt["torch_rng"])
         return RunState(
@@ -498,7 +501,7 @@ def agent_from_checkpoint(ckpt: dict, path: str, script) -> tuple:
         if ckpt.get("action_bounds") is not None:
             agent.action_bounds = [b.numpy() for b in ckpt["action_bounds"]]
         obs_rms.load_state_dict(ckpt["obs_rms"])
-    except (RuntimeError, ValueError, KeyError, IndexError, AttributeError) as e:
+    except (RuntimeError, ValueError, KeyError, IndexError, AttributeError, TypeError) as e:
         raise UsageError(
             f"checkpoint {path} does not hold a policy this network fits: {str(e).splitlines()[0][:160]}"
         ) from None

@@ -79,6 +79,14 @@ EDITS = {
             "optim.SGD(agent.parameters(), lr=args.learning_rate, momentum=0.9)",
         )
     ],
+    # Not in the list: an edit that changes nothing at the initial weights (means near 0), only later
+    "tanh_mean": [
+        (
+            "ppo_continuous.py",
+            "        action_mean = self.actor_mean(x)",
+            "        action_mean = torch.tanh(self.actor_mean(x))",
+        )
+    ],
     # Not in the list: edits that keep a fast path on
     "silu_wider": [
         (
@@ -109,6 +117,7 @@ EXPECTED = {
     "extra_loss_term": (True, False),
     "shared_trunk": (False, False),
     "sgd": (True, False),
+    "tanh_mean": (False, False),
     "silu_wider": (True, True),
     "adam_betas": (True, True),
 }

@@ -655,7 +655,9 @@ def test_analytic_backward_matches_autograd(activation, hidden_layers, clip_vlos
         torch.testing.assert_close(getattr(written_out, name), getattr(plain, name).detach(), msg=name)
     for (name, fast_param), plain_param in zip(agent.named_parameters(), reference.parameters()):
         assert plain_param.grad.abs().max() > 0, name
-        torch.testing.assert_close(fast_param.grad, plain_param.grad, rtol=1e-4, atol=1e-6, msg=name)
+        # float32 noise grows with the gradient's size (the synthetic minibatch has ratios up to 6, weights up to 100)
+        atol = 1e-5 * float(plain_param.grad.abs().max())
+        torch.testing.assert_close(fast_param.grad, plain_param.grad, rtol=1e-4, atol=atol, msg=name)
     layers = fast.update.unflatten(fast.update.grads)
     assert not layers[-3][1, 1:].any() and not layers[-2][1, 0, 1:].any()  # the critic's padded outputs stay 0
 
@@ -784,3 +786,24 @@ def test_mujocos_settotalmass_deprecation_is_not_printed_but_other_warnings_are(
     run_utils.mujoco_warning("compiler attribute 'settotalmass' is deprecated and will be removed")
     run_utils.mujoco_warning("Nan, Inf or huge value in QACC at DOF 0")
     assert capsys.readouterr().err == "WARNING: Nan, Inf or huge value in QACC at DOF 0\n"
+
+
+def test_a_checkpoint_whose_optimizer_state_holds_only_lr_betas_and_eps_resumes_on_the_plain_path():
+    """Checkpoints written before torch.optim.Adam was built saved a param group of lr, betas and eps only; loaded
+    into torch.optim.Adam, its first step must not fail for want of weight_decay and the rest."""
+    agent = perturbed_agent(5, 2, False)
+    learner = ppo_continuous.make_learner(ppo_continuous.Args(), 5, 2, False, torch.device("cpu"))
+    learner.agent.load_state_dict(agent.state_dict())
+    checkpoint = run_utils.policy_state(learner.agent, learner.obs_rms, ppo_continuous.Args(), 0)
+    n = len(list(learner.agent.parameters()))
+    checkpoint["optimizer"] = {
+        "state": {},
+        "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-5, "params": list(range(n))}],
+    }
+    checkpoint |= {"return_rms": learner.return_rms.state_dict(), "iteration": 0, "wall_time": 0.0, "counters": {}}
+    checkpoint["torch_rng"] = torch.get_rng_state()
+    run_utils.restore_training(checkpoint, learner, "old.pt")
+    for p in learner.agent.parameters():
+        p.grad = torch.ones_like(p)
+    learner.optimizer.step()  # KeyError: 'weight_decay' before the defaults were filled in
+    assert learner.optimizer.param_groups[0]["weight_decay"] == 0
