@@ -34,10 +34,10 @@ from torch import nn
 
 from gae import LOG_SQRT_2PI, PPOLoss, ppo_loss
 
-# A fast path matches when its largest difference from the plain path is at most this fraction of the largest value it
-# is compared on. Both compute in float32, whose rounding (about 1e-7 relative) accumulates over a few layers and a
-# minibatch's sums to around 1e-6; a real difference in the math (another activation, an extra loss term) is orders of
-# magnitude larger.
+# A fast path matches when each value it computes differs from the plain path's by at most this fraction of that
+# value's largest magnitude (see compare). Both compute in float32, whose rounding (about 1e-7 relative) accumulates
+# over a few layers and a minibatch's sums to around 1e-6; a real difference in the math (another activation, an extra
+# loss term) is orders of magnitude larger.
 TOLERANCE = 1e-4
 
 
@@ -190,14 +190,16 @@ def stacked_layers(agent: nn.Module) -> tuple[list[int], list[nn.Module]]:
                 isinstance(a, nn.Linear) and isinstance(c, nn.Linear) and a.bias is not None and c.bias is not None
             ):
                 raise DoesNotFit(f"layer {i} is {type(a).__name__} / {type(c).__name__}, not Linear with a bias")
-            if a.in_features != c.in_features:
-                raise DoesNotFit(f"layer {i} of the actor and of the critic take different widths")
+            if a.in_features != c.in_features or (i != len(actor) - 1 and a.out_features != c.out_features):
+                raise DoesNotFit(f"layer {i} of the actor and of the critic have different widths")
         elif type(a) is not type(c) or type(a) not in DERIVATIVES or repr(a) != repr(c):
             raise DoesNotFit(f"{type(a).__name__} in actor_mean, whose derivative it does not know")
         else:
             activations.append(a)
     if critic[-1].out_features != 1 or critic[-1].out_features > actor[-1].out_features:
         raise DoesNotFit("the critic does not end in one output")
+    if any(p.dtype != torch.float32 for p in agent.parameters()):
+        raise DoesNotFit("the Agent's parameters are not float32")
     if any(True for _ in agent.buffers()):
         raise DoesNotFit("the Agent has buffers, which the stacked layers do not carry")
     expected = {f"{net}.{i}.{p}" for net in ("actor_mean", "critic") for i in linear for p in ("weight", "bias")}
@@ -229,23 +231,19 @@ class StackedUpdate:
     """loss_and_gradients and optimizer.step() for the Agent's two MLPs and a torch.optim.Adam, in few ops.
 
     The Agent's parameters and their .grad become views into flat buffers laid out as the stacked layers, so the Agent
-    stays the plain nn.Module that acts, is saved and loaded, and nn.utils.clip_grad_norm_ clips these gradients. Adam's
-    learning rate, betas and eps are read from the optimizer's param group at every step, so schedules reach it."""
+    stays the plain nn.Module that acts, is saved and loaded, and the loop's clip_gradients clips the flat gradient
+    buffer. Adam's learning rate, betas and eps are read from the optimizer's param group at every step, so schedules
+    reach it."""
 
     def __init__(self, agent: nn.Module, optimizer: torch.optim.Optimizer):
         self.linear, self.activations = stacked_layers(agent)
         self.group = adam_settings(optimizer, agent)
         self.agent = agent
         self.steps = 0
-        actor, critic = agent.actor_mean, agent.critic
+        actor = agent.actor_mean
         self.shapes = [(2, actor[i].out_features, actor[i].in_features) for i in self.linear]
         self.shapes = [s for shape in self.shapes for s in (shape, (2, 1, shape[1]))] + [(1, actor[-1].out_features)]
-        for i, (a, c) in enumerate(zip(actor, critic)):  # hidden widths must agree for the layers to stack
-            if isinstance(a, nn.Linear) and i != len(actor) - 1 and a.out_features != c.out_features:
-                raise DoesNotFit(f"layer {i} of the actor and of the critic have different widths")
         device, size = agent.actor_logstd.device, sum(int(np.prod(shape)) for shape in self.shapes)
-        if agent.actor_logstd.dtype != torch.float32:
-            raise DoesNotFit("the Agent's parameters are not float32")
         self.params, self.grads, self.exp_avg, self.exp_avg_sq = (torch.zeros(size, device=device) for _ in range(4))
         self.stacked, self.stacked_grads = self.unflatten(self.params), self.unflatten(self.grads)
         self.output_grads: dict[int, torch.Tensor] = {}
@@ -365,11 +363,16 @@ class StackedUpdate:
         denom = self.exp_avg_sq.sqrt().add_(eps * root_correction)
         self.params.addcdiv_(self.exp_avg, denom, value=-lr * root_correction / (1 - beta1**self.steps))
 
+    def names_in_optimizer_order(self) -> list[str]:
+        """The Agent's parameter names in the order of the optimizer's param group, which torch.optim's state_dict
+        numbers them by."""
+        names = {id(param): name for name, param in self.agent.named_parameters()}
+        return [names[id(param)] for param in self.group["params"]]
+
     def state_dict(self) -> dict:
         """torch.optim.Adam's format, one entry per Agent parameter in the optimizer's order, so that a checkpoint
         resumes on either path."""
-        names = {id(param): name for name, param in self.agent.named_parameters()}
-        order = [names[id(param)] for param in self.group["params"]]
+        order = self.names_in_optimizer_order()
         exp_avg, exp_avg_sq = self.agent_views(self.exp_avg), self.agent_views(self.exp_avg_sq)
         state = {}
         if self.steps:
@@ -380,8 +383,7 @@ class StackedUpdate:
         return {"state": state, "param_groups": [group | {"params": list(range(len(order)))}]}
 
     def load_state_dict(self, saved: dict) -> None:
-        names = {id(param): name for name, param in self.agent.named_parameters()}
-        order = [names[id(param)] for param in self.group["params"]]
+        order = self.names_in_optimizer_order()
         state = saved["state"]
         if state and len(state) != len(order):
             raise ValueError(f"the optimizer state holds {len(state)} parameters, this network {len(order)}")
@@ -506,8 +508,7 @@ def check_update(agent, optimizer, obs_dim: int, loss_settings: list[dict], deco
     (loss_and_gradients, clip_gradients), which run on the plain path and are compared against here."""
     plain_loss_and_gradients, clip_gradients = plain
     try:
-        adam_settings(optimizer, agent)
-        stacked_layers(agent)
+        adam_settings(optimizer, agent)  # the run's optimizer; the copy's layers are checked by StackedUpdate
         plain_agent = perturbed_copy(agent)
         fast_agent = copy.deepcopy(plain_agent)
         fast = StackedUpdate(fast_agent, torch.optim.Adam(fast_agent.parameters(), **adam_options(optimizer)))
