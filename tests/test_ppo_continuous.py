@@ -807,3 +807,37 @@ def test_a_checkpoint_whose_optimizer_state_holds_only_lr_betas_and_eps_resumes_
         p.grad = torch.ones_like(p)
     learner.optimizer.step()  # KeyError: 'weight_decay' before the defaults were filled in
     assert learner.optimizer.param_groups[0]["weight_decay"] == 0
+
+
+DEFERRED_DYNAMO = """
+import sys
+import torch
+import run_utils
+run_utils.defer_dynamo_import()
+a = torch.nn.Linear(3, 2)
+opt = torch.optim.Adam(a.parameters(), lr=1e-3)
+a(torch.ones(1, 3)).sum().backward()
+state = opt.state_dict()
+opt.load_state_dict(state)
+print("before", "torch._dynamo" in sys.modules)
+opt.step()  # the plain path's step imports torch._dynamo itself
+print("after step", "torch._dynamo" in sys.modules)
+opt.zero_grad()  # now torch's own dynamo-disabled wrapper runs again
+opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
+inner = torch.optim.Optimizer.zero_grad.__wrapped__
+print("handed back", getattr(inner, "__dynamo_disable").__module__)
+print("groups", len(opt.param_groups), "grad", a.weight.grad)
+"""
+
+
+def test_optimizer_is_built_without_importing_dynamo(tmp_path):
+    """defer_dynamo_import: building and saving a torch.optim.Adam does not import torch._dynamo; once the plain step
+    imports it, the optimizer's calls go through torch's own wrapper again and still work."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", DEFERRED_DYNAMO], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "before False"
+    assert lines[1] == "after step True"
+    assert "run_utils" not in lines[2] and lines[2].startswith("handed back torch")
+    assert lines[3] == "groups 2 grad None"
