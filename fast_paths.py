@@ -548,11 +548,36 @@ def check_update(agent, optimizer, obs_dim: int, loss_settings: list[dict], deco
                 agree, difference = compare(fast_values_, plain_values_)
                 if not agree and difference >= worst[0]:
                     worst = (difference, what)
+        step_agrees, step_difference = check_adam_steps(fast, plain_agent, optimizer)
+        if not step_agrees and step_difference >= worst[0]:
+            worst = (step_difference, "Adam step")
     except Exception as e:  # noqa: BLE001
         return f"running it failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
     if worst[1]:
         return f"it differs from autograd through Agent and ppo_loss (max {worst[1]} difference {worst[0]:.3g})"
     return None
+
+
+def check_adam_steps(
+    fast: StackedUpdate, plain_agent: nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[bool, float]:
+    """StackedUpdate.step against torch.optim.Adam with the run's settings: both take two steps from the same
+    gradients (the plain agent's last ones, then those doubled), and the parameter changes are compared, each against
+    its own scale (the parameters themselves are far larger than a step)."""
+    plain_adam = torch.optim.Adam(plain_agent.parameters(), **adam_options(optimizer))
+    fast_grads = fast.agent_views(fast.grads)
+    start = [p.detach().clone() for p in plain_agent.parameters()]
+    for scale in (1.0, 2.0):
+        with torch.no_grad():
+            for name, param in plain_agent.named_parameters():
+                param.grad = param.grad * scale if param.grad is not None else torch.zeros_like(param)
+                fast_grads[name].copy_(param.grad)
+        plain_adam.step()
+        fast.step()
+    fast_params = fast.agent_views(fast.params)
+    fast_changes = [fast_params[name] - before for (name, _), before in zip(plain_agent.named_parameters(), start)]
+    plain_changes = [p.detach() - before for p, before in zip(plain_agent.parameters(), start)]
+    return compare(fast_changes, plain_changes)
 
 
 def adam_options(optimizer: torch.optim.Optimizer) -> dict:

@@ -4,6 +4,8 @@
     python benchmarks/learning.py --run --impls ppo sb3    # first train what is missing (long: 1M steps a run);
                                                            # run it again after a Ctrl-C: it resumes where it stopped
     python benchmarks/learning.py --quick                  # smoke test: tiny Pendulum runs
+    python benchmarks/learning.py --run --ray-address auto --impls ppo --grid learning-rate=1e-4,3e-4
+                                                           # a sweep on a Ray cluster: runs/bench/ppo__learning-rate=...
 
 Layout: every run logs TensorBoard events under <runs-root>/<group>/<impl>/<env-id>__<seed>/ (ppo_continuous.py and
 dppo_ray.py via --run-name, SB3 via its tensorboard_log). Events are read with tensorboard's EventAccumulator.
@@ -18,7 +20,9 @@ normalized between random actions (0) and CleanRL's mean (1), with stratified-bo
 Writes <out-dir>/learning.md, learning.png (return against steps and against seconds) and learning_grid.png (one panel
 per task); --name changes the name. The default <out-dir> is a new folder benchmarks/results/local/<UTC date-time>/,
 which git ignores; --update-committed writes into benchmarks/results/.
---run trains what is missing: --jobs single-process runs (ppo, sb3) at a time, then each DPPO run alone. --python
+--run trains what is missing: --jobs single-process runs (ppo, sb3) at a time, then each DPPO run alone; with
+--ray-address, every run at once as a Ray task on a cluster's nodes, each run's folder coming back here
+(benchmarks/cluster.py). --grid makes configurations of the trainers' flags; each is a row of the tables. --python
 runs ppo and DPPO in another venv's interpreter: dm_control's envs need mujoco 3.x, in the venv that
 benchmarks/requirements-dm_control.txt describes. This file trains; learning_report.py reads the runs and writes the
 tables and plots.
@@ -35,6 +39,7 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
+from cluster import pack_folder, run_on_cluster
 from common import (
     REPO,
     BenchError,
@@ -56,27 +61,70 @@ COMMANDS = {
 
 
 def run_missing(cfg: argparse.Namespace) -> None:
-    """Train every run that is not done: --jobs single-process runs (ppo, sb3) at a time, then each DPPO run with the
-    machine to itself (its actors and learner use every core)."""
+    """Train every run that is not done. Locally: --jobs single-process runs (ppo, sb3) at a time, then each DPPO run
+    with the machine to itself (its actors and learner use every core). With --ray-address: all of them at once, as
+    Ray tasks on the cluster (cluster.py)."""
+    missing = missing_runs(cfg)
+    if cfg.ray_address:
+        run_on_cluster([cluster_job(cfg, *run) for run in missing], cfg)
+        return
     root = os.path.abspath(cfg.runs_root)
     single = []
     distributed = []
-    for env_id, seed, impl in itertools.product(cfg.envs, range(1, cfg.seeds + 1), cfg.impls):
-        folder = os.path.join(root, cfg.group, impl, f"{env_id}__{seed}")
-        status = run_status(folder, cfg)
-        if status == "done":
-            continue
+    for label, impl, config, env_id, seed, status in missing:
+        folder = os.path.join(root, cfg.group, label, f"{env_id}__{seed}")
         if status == "restart" and impl == "sb3":
             shutil.rmtree(folder)  # SB3 keeps no checkpoint here: its half-finished run starts afresh
-        label = f"{status} {impl} on {env_id}, seed {seed}"
+        title = f"{status} {label} on {env_id}, seed {seed}"
         if impl == "sb3":
-            single.append((label, sb3_argv(cfg, env_id, seed, folder), sys.executable))  # SB3 runs in this venv
+            single.append((title, sb3_argv(cfg, env_id, seed, folder, REPO), sys.executable))  # SB3 runs in this venv
         elif impl.startswith("dppo"):
-            distributed.append((label, trainer_argv(cfg, impl, env_id, seed, folder, status), cfg.python))
+            argv = trainer_argv(cfg, (label, impl, config, env_id, seed), folder, status, REPO)
+            distributed.append((title, argv, cfg.python))
         else:
-            single.append((label, trainer_argv(cfg, impl, env_id, seed, folder, status), cfg.python))
+            argv = trainer_argv(cfg, (label, impl, config, env_id, seed), folder, status, REPO)
+            single.append((title, argv, cfg.python))
     run_jobs(single, cfg.jobs, cwd=os.path.dirname(root))
     run_jobs(distributed, 1, cwd=os.path.dirname(root))
+
+
+def missing_runs(cfg: argparse.Namespace) -> list[tuple]:
+    """(label, impl, config, env id, seed, status) of every run that is not done; run_status says what status means."""
+    root = os.path.abspath(cfg.runs_root)
+    missing = []
+    for env_id, seed, (label, impl, config) in itertools.product(cfg.envs, range(1, cfg.seeds + 1), cfg.configs):
+        status = run_status(os.path.join(root, cfg.group, label, f"{env_id}__{seed}"), cfg)
+        if status != "done":
+            missing.append((label, impl, config, env_id, seed, status))
+    return missing
+
+
+def cluster_job(cfg: argparse.Namespace, label: str, impl: str, config: dict, env_id: str, seed: int, status: str):
+    """A run as cluster.run_on_node takes it. Its paths are relative: the script's to the repo that Ray uploads, the
+    run folder's to the node's working folder. The run's commands for a fresh start and for resuming: the node picks
+    one by what it finds in the folder."""
+    run_name = os.path.join(cfg.group, label, f"{env_id}__{seed}")
+    folder = os.path.join("runs", run_name)
+    if impl == "sb3":
+        argv = {"new": sb3_argv(cfg, env_id, seed, folder, ""), "resume": None}
+    else:
+        run = (label, impl, config, env_id, seed)
+        argv = {status: trainer_argv(cfg, run, folder, status, "") for status in ("new", "resume")}
+    head_folder = os.path.join(os.path.abspath(cfg.runs_root), run_name)
+    resume_from_head = status == "resume" and not cfg.storage
+    if impl.startswith("dppo"):
+        cpus = int(config.get("num-actors", 2)) * float(config.get("actor-cpus", 1)) + 1  # actors, and the learner
+    else:
+        cpus = 1
+    return {
+        "label": f"{label} on {env_id}, seed {seed}",
+        "run_name": run_name,
+        "argv": argv,
+        "folder_tar": pack_folder(head_folder) if resume_from_head else None,
+        "storage": os.path.dirname(os.path.abspath(cfg.runs_root)) if cfg.storage else None,
+        "python": cfg.python if cfg.python_given else None,
+        "cpus": cpus,
+    }
 
 
 def run_flags(cfg: argparse.Namespace, env_id: str, seed: int) -> list[str]:
@@ -89,21 +137,24 @@ def run_flags(cfg: argparse.Namespace, env_id: str, seed: int) -> list[str]:
     ]
 
 
-def sb3_argv(cfg: argparse.Namespace, env_id: str, seed: int, folder: str) -> list[str]:
+def sb3_argv(cfg: argparse.Namespace, env_id: str, seed: int, folder: str, repo: str) -> list[str]:
     """sb3_ppo.py logging into `folder`. --vf-coef 0.25: SB3's value loss is the MSE, ppo_continuous.py's half of it."""
-    argv = [os.path.join(REPO, "benchmarks", "sb3_ppo.py"), *run_flags(cfg, env_id, seed), f"--tb-log={folder}"]
+    argv = [os.path.join(repo, "benchmarks", "sb3_ppo.py"), *run_flags(cfg, env_id, seed), f"--tb-log={folder}"]
     return [*argv, f"--num-steps={cfg.num_steps}", "--vf-coef=0.25", "--clip-vloss"]
 
 
-def trainer_argv(cfg: argparse.Namespace, impl: str, env_id: str, seed: int, folder: str, status: str) -> list[str]:
-    """ppo_continuous.py or dppo_ray.py logging into `folder`: a new run, a "restart" over a half-finished one, or a
-    "resume" from its checkpoint, which holds the run's flags."""
+def trainer_argv(cfg: argparse.Namespace, run: tuple, folder: str, status: str, repo: str) -> list[str]:
+    """ppo_continuous.py or dppo_ray.py (in `repo`) for `run` (label, impl, config, env id, seed), logging into
+    `folder`, with the configuration's flags: a new run, a "restart" over a half-finished one, or a "resume" from its
+    checkpoint, which holds the run's flags."""
+    label, impl, config, env_id, seed = run
     script, *flags = COMMANDS[impl]
     if status == "resume":
-        return [os.path.join(REPO, script), f"--resume={os.path.join(folder, 'checkpoint.pt')}", "--quiet"]
+        return [os.path.join(repo, script), f"--resume={os.path.join(folder, 'checkpoint.pt')}", "--quiet"]
     steps = cfg.num_steps // 2 if script == "dppo_ray.py" else cfg.num_steps  # 2 actors: the same batch as ppo's
-    argv = [os.path.join(REPO, script), *flags, *run_flags(cfg, env_id, seed), f"--num-steps={steps}", "--quiet"]
-    argv.append(f"--run-name={os.path.relpath(folder, os.path.abspath(cfg.runs_root))}")
+    argv = [os.path.join(repo, script), *flags, *run_flags(cfg, env_id, seed), f"--num-steps={steps}", "--quiet"]
+    argv += config_flags(config, cfg.bool_flags)
+    argv.append(f"--run-name={os.path.join(cfg.group, label, f'{env_id}__{seed}')}")
     if status == "restart":
         argv.append("--overwrite")
     return argv
@@ -174,6 +225,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="with --run: single-process runs (ppo, sb3) at a time; DPPO runs always run alone (default: 1)",
     )
     p.add_argument(
+        "--grid",
+        nargs="+",
+        default=[],
+        metavar="FLAG=V1,V2",
+        help="with --run: a configuration for every combination of these values of the trainers' flags, e.g. "
+        "--grid learning-rate=1e-4,3e-4 ent-coef=0,0.01; each runs every env and seed, in <impl>__<flag>=<value>... "
+        "folders, and the tables compare the configurations (ppo_continuous.py and dppo_ray.py flags; not sb3)",
+    )
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="with --run: send every run to the Ray cluster at this address (auto, or host:port) as a Ray task, "
+        "spread over its nodes; each run's folder comes back into --runs-root (benchmarks/cluster.py)",
+    )
+    p.add_argument(
+        "--storage",
+        default=None,
+        help="with --ray-address: a folder that every node sees (NFS); the runs write into <storage>/runs directly "
+        "instead of coming back as archives, and a run whose node is lost resumes from its last checkpoint",
+    )
+    p.add_argument(
+        "--max-retries",
+        type=int,
+        default=3,
+        help="with --ray-address: times Ray runs a run again after its node or worker died (default: 3)",
+    )
+    p.add_argument(
         "--python",
         default=sys.executable,
         help="the interpreter of the ppo and DPPO runs (with --run) and of the random-action returns, e.g. a venv's "
@@ -205,14 +283,99 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cfg = p.parse_args(argv)
     if cfg.jobs < 1:
         p.error("--jobs must be at least 1")
+    if cfg.max_retries < 0:
+        p.error("--max-retries must be at least 0")
+    if cfg.ray_address and not (cfg.run or cfg.quick):
+        p.error("--ray-address sends runs to a cluster: use it with --run")
+    if cfg.ray_address and cfg.jobs != 1:
+        p.error("--jobs applies to runs on this machine; with --ray-address the cluster's CPUs decide")
+    if cfg.storage and not cfg.ray_address:
+        p.error("--storage is where cluster runs write: use it with --ray-address")
+    if cfg.storage:
+        if "--runs-root" in argv:
+            p.error("--storage sets the runs folder (<storage>/runs): leave out --runs-root")
+        cfg.runs_root = os.path.join(cfg.storage, "runs")
+    cfg.python_given = "--python" in argv or any(a.startswith("--python=") for a in argv)
     if shutil.which(cfg.python) is None:
         p.error(f"--python {cfg.python}: no such executable")
     cfg.python = os.path.abspath(shutil.which(cfg.python))  # the runs start elsewhere; a venv's link must stay a link
     unknown = [impl for impl in cfg.impls if impl not in (*COMMANDS, "sb3")]
     if (cfg.run or cfg.quick) and unknown:
         p.error(f"--run cannot train {' '.join(unknown)}: it trains {' '.join(COMMANDS)} sb3")
+    try:
+        cfg.configs, cfg.bool_flags = configurations(cfg.impls, cfg.grid)
+    except ValueError as e:
+        p.error(str(e))
+    cfg.trainers, cfg.impls = cfg.impls, [label for label, _, _ in cfg.configs]  # the tables compare configurations
     cfg.out_dir = resolve_out_dir(cfg)
     return cfg
+
+
+# learning.py sets these itself for every run; a grid over them would collide with its own flags.
+OWN_FLAGS = {"env-id", "seed", "total-timesteps", "num-steps", "num-minibatches", "run-name", "resume", "overwrite"}
+
+
+def configurations(impls: list[str], grid: list[str]) -> tuple[list[tuple], set[str]]:
+    """[(label, impl, {flag: value})] for every implementation and combination of --grid's values, and the grid's
+    boolean flags. Labels: the impl alone without a grid, else e.g. ppo__learning-rate=1e-4__ent-coef=0."""
+    if not grid:
+        return [(impl, impl, {}) for impl in impls], set()
+    axes = []
+    for item in grid:
+        key, sep, values = item.partition("=")
+        key = key.removeprefix("--")
+        if not sep or not key or not all(values.split(",")):
+            raise ValueError(f"--grid {item}: write FLAG=V1,V2 (e.g. learning-rate=1e-4,3e-4)")
+        if key in OWN_FLAGS:
+            raise ValueError(f"--grid {key}: learning.py sets --{key} itself (see its own flags)")
+        axes.append([(key, value) for value in values.split(",")])
+    if "sb3" in impls:
+        raise ValueError("--grid takes ppo_continuous.py and dppo_ray.py flags: leave sb3 out of --impls")
+    fields = trainer_fields(impls)
+    bool_flags = set()
+    for (key, _), *_ in axes:
+        owners = [impl for impl in impls if key in fields[impl]]
+        if len(owners) < len(impls):
+            lacking = sorted({COMMANDS[impl][0] for impl in impls if impl not in owners})
+            raise ValueError(f"--grid {key}: {' and '.join(lacking)} has no --{key}")
+        if any(fields[impl][key] is bool for impl in impls):
+            bool_flags.add(key)
+    for axis in axes:
+        for key, value in axis:
+            if key in bool_flags and value.lower() not in ("true", "false"):
+                raise ValueError(f"--grid {key}={value}: --{key} is a switch; give True,False")
+    configs = []
+    for impl in impls:
+        for combination in itertools.product(*axes):
+            config = dict(combination)
+            configs.append(("__".join([impl, *(f"{k}={v}" for k, v in config.items())]), impl, config))
+    return configs, bool_flags
+
+
+def trainer_fields(impls: list[str]) -> dict[str, dict[str, type]]:
+    """{impl: {flag: type}} of the trainers' Args dataclasses (for --grid)."""
+    import dataclasses
+    import importlib
+    import typing
+
+    sys.path.insert(0, REPO)
+    fields = {}
+    for impl in impls:
+        module = importlib.import_module(COMMANDS[impl][0].removesuffix(".py"))
+        hints = typing.get_type_hints(module.Args, include_extras=False)
+        fields[impl] = {f.name.replace("_", "-"): hints[f.name] for f in dataclasses.fields(module.Args)}
+    return fields
+
+
+def config_flags(config: dict, bool_flags: set[str]) -> list[str]:
+    """A configuration as the trainer's flags: --flag=value, or --flag / --no-flag for a switch."""
+    flags = []
+    for key, value in config.items():
+        if key in bool_flags:
+            flags.append(f"--{key}" if value.lower() == "true" else f"--no-{key}")
+        else:
+            flags.append(f"--{key}={value}")
+    return flags
 
 
 def use_quick_settings(cfg: argparse.Namespace) -> None:
@@ -258,3 +421,9 @@ if __name__ == "__main__":
         sys.exit(main())
     except BenchError as e:
         sys.exit(f"learning.py: error: {e}")
+    except KeyboardInterrupt:
+        print(
+            "learning.py: interrupted; the finished runs are kept: the same command trains what is missing",
+            file=sys.stderr,
+        )
+        sys.exit(130)

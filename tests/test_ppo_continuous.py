@@ -723,7 +723,7 @@ def test_a_network_or_optimizer_the_stacked_update_cannot_run_is_refused_with_it
 def test_the_start_up_check_catches_a_fast_path_that_drifts_from_the_definition(monkeypatch):
     """The check compares numbers, not shapes: a wrong derivative in the written-out backward, or a gradient clip
     edited to treat tensors one by one, makes the update step aside; a numpy actor that no longer mirrors the Agent
-    makes acting step aside."""
+    makes acting step aside; so does an Adam step without its bias correction."""
     agent = perturbed_agent(5, 2, False)
     optimizer = torch.optim.Adam(agent.parameters(), eps=1e-5)
     settings = [dict(clip_coef=0.2, clip_vloss=True, ent_coef=0.0, vf_coef=0.5, norm_adv=True)]
@@ -738,7 +738,14 @@ def test_the_start_up_check_catches_a_fast_path_that_drifts_from_the_definition(
                 g.mul_(max_norm / norm)
         return max(float(g.norm()) for g in gradients)
 
-    for drift in ("derivative", "clip", "actor"):
+    def step_without_bias_correction(self):
+        lr, (beta1, beta2), eps = float(self.group["lr"]), self.group["betas"], self.group["eps"]
+        self.steps += 1
+        self.exp_avg.lerp_(self.grads, 1 - beta1)
+        self.exp_avg_sq.mul_(beta2).addcmul_(self.grads, self.grads, value=1 - beta2)
+        self.params.addcdiv_(self.exp_avg, self.exp_avg_sq.sqrt().add_(eps), value=-lr)
+
+    for drift in ("derivative", "clip", "actor", "adam"):
         agent = agent_with(torch.nn.ReLU)  # 11 observations, 3 actions
         optimizer = torch.optim.Adam(agent.parameters(), eps=1e-5)
         checked = (ppo_continuous.loss_and_gradients, per_tensor_clip) if drift == "clip" else plain
@@ -747,11 +754,14 @@ def test_the_start_up_check_catches_a_fast_path_that_drifts_from_the_definition(
                 m.setitem(fast_paths.DERIVATIVES, torch.nn.ReLU, lambda module, u, h: torch.ones_like(u))
             if drift == "actor":
                 m.setattr(fast_paths, "numpy_layer", lambda module: fast_paths.torch_layer(torch.nn.Tanh()))
+            if drift == "adam":
+                m.setattr(fast_paths.StackedUpdate, "step", step_without_bias_correction)
             fast, lines = fast_paths.choose_fast_paths(agent, optimizer, settings, False, True, checked)
         if drift == "actor":
             assert not fast.acting and len(lines) == 1 and lines[0].startswith("fast acting off: it differs")
         else:
             assert fast.update is None and len(lines) == 1 and "differs from autograd" in lines[0], lines
+            assert ("Adam step" in lines[0]) == (drift == "adam"), lines
 
 
 @pytest.mark.parametrize("with_statistics", [True, False])

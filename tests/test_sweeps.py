@@ -1,0 +1,203 @@
+"""benchmarks/learning.py's configurations (--grid) and its runs on a Ray cluster (--ray-address and
+benchmarks/cluster.py), on a 2-node ray.cluster_utils.Cluster on this machine: runs land on both nodes, their folders
+come back to the head, the table groups by configuration, a lost node costs only a retry, Ctrl-C keeps what finished,
+and a second invocation runs only what is missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+# Short Pendulum runs, 2 configurations x 2 seeds.
+SWEEP = ["--envs", "Pendulum-v1", "--impls", "ppo", "--seeds", "2", "--grid", "learning-rate=1e-4,3e-4"]
+SHORT = ["--total-timesteps", "2048", "--num-steps", "512", "--num-minibatches", "4"]
+LABELS = ["ppo__learning-rate=1e-4", "ppo__learning-rate=3e-4"]
+
+
+def learning_command(tmp_path: Path, address: str, *extra: str) -> list[str]:
+    script = str(REPO / "benchmarks" / "learning.py")
+    return [sys.executable, script, "--run", "--ray-address", address, "--out-dir", str(tmp_path / "out"), *extra]
+
+
+def run_learning(tmp_path: Path, address: str, *extra: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, MPLBACKEND="Agg")
+    argv = learning_command(tmp_path, address, *extra)
+    return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+
+def start_learning(tmp_path: Path, address: str, *extra: str) -> subprocess.Popen:
+    env = dict(os.environ, MPLBACKEND="Agg")
+    argv = learning_command(tmp_path, address, *extra)
+    return subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def run_folders(tmp_path: Path, runs: str = "runs") -> list[Path]:
+    return [tmp_path / runs / "bench" / label / f"Pendulum-v1__{seed}" for label in LABELS for seed in (1, 2)]
+
+
+@pytest.fixture
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    try:
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+def test_grid_names_configurations_and_refuses_what_does_not_fit(capsys):
+    import learning
+
+    cfg = learning.parse_args(["--impls", "ppo", "--grid", "learning-rate=1e-4,3e-4", "norm-adv=True,False"])
+    assert cfg.impls == [
+        "ppo__learning-rate=1e-4__norm-adv=True",
+        "ppo__learning-rate=1e-4__norm-adv=False",
+        "ppo__learning-rate=3e-4__norm-adv=True",
+        "ppo__learning-rate=3e-4__norm-adv=False",
+    ]
+    assert learning.config_flags(cfg.configs[1][2], cfg.bool_flags) == ["--learning-rate=1e-4", "--no-norm-adv"]
+    argv = learning.trainer_argv(cfg, ("x", "ppo", {"ent-coef": "0.01"}, "Hopper-v5", 3), "runs/g/x", "new", "")
+    assert argv[0] == "ppo_continuous.py" and "--ent-coef=0.01" in argv and "--run-name=bench/x/Hopper-v5__3" in argv
+    for grid, message in [
+        (["seed=1,2"], "learning.py sets --seed itself"),
+        (["max-policy-lag=1,2"], "ppo_continuous.py has no --max-policy-lag"),
+        (["norm-adv=1,0"], "--norm-adv is a switch"),
+        (["learning-rate"], "write FLAG=V1,V2"),
+        (["learning-rate=1e-4,"], "write FLAG=V1,V2"),
+    ]:
+        with pytest.raises(SystemExit):
+            learning.parse_args(["--impls", "ppo", "dppo_async", "--grid", *grid])
+        assert message in capsys.readouterr().err
+    for argv, message in [
+        (["--grid", "learning-rate=1e-4"], "leave sb3 out of --impls"),
+        (["--ray-address", "auto"], "use it with --run"),
+        (["--run", "--ray-address", "auto", "--jobs", "2"], "--jobs applies to runs on this machine"),
+        (["--run", "--storage", "x"], "use it with --ray-address"),
+    ]:
+        with pytest.raises(SystemExit):
+            learning.parse_args(argv)
+        assert message in capsys.readouterr().err
+
+
+def test_sweep_lands_on_both_nodes_and_comes_back_to_the_head(tmp_path, cluster):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    worker = cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    result = run_learning(tmp_path, cluster.address, *SWEEP, *SHORT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    nodes = set()
+    for folder in run_folders(tmp_path):
+        summary = json.loads((folder / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["env_steps"] == 2048
+        acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+        acc.Reload()
+        assert len(acc.Scalars("charts/episodic_return")) == 2048 // 200
+        nodes.add(json.loads((folder / "node.json").read_text())["node_id"])
+    assert nodes == {cluster.head_node.node_id, worker.node_id}, "the runs should be spread over both nodes"
+    assert result.stderr.count("learning.py: done ppo__learning-rate=") == 4
+    table = (tmp_path / "out" / "learning.md").read_text()
+    for label in LABELS:
+        assert f"| Pendulum-v1 | {label} | 2 | 2,048 |" in table
+    assert "| Pendulum-v1 | ppo__learning-rate=3e-4 | " in table.split("Difference in final return")[1]
+
+    again = run_learning(tmp_path, cluster.address, *SWEEP, *SHORT)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "to the cluster" not in again.stderr and "done ppo" not in again.stderr, "nothing is left to run"
+    assert all((folder / "summary.json").is_file() for folder in run_folders(tmp_path))
+
+
+def test_a_node_lost_mid_sweep_costs_only_a_retry(tmp_path):
+    """All runs start on worker A (the head has no CPU for them); A is removed while they run, B joins, and the runs
+    in flight are run again on B."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    try:
+        node_a = cluster.add_node(num_cpus=2)
+        cluster.wait_for_nodes()
+        proc = start_learning(tmp_path, cluster.address, *SWEEP, "--total-timesteps", "20480", *SHORT[2:])
+        output: list[str] = []
+        reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
+        reader.start()
+        deadline = time.time() + 180
+        while time.time() < deadline and sum("running on" in line for line in output) < 2:
+            time.sleep(0.5)
+        assert sum("running on" in line for line in output) >= 2, "".join(output)[-3000:]
+        time.sleep(3)  # the trainers are under way on A
+        node_b = cluster.add_node(num_cpus=2)
+        cluster.remove_node(node_a)
+        proc.wait(timeout=500)
+        reader.join(timeout=10)
+        text = "".join(output)
+        assert proc.returncode == 0, text[-3000:]
+        assert text.count("learning.py: done ppo__learning-rate=") == 4
+        assert sum("running on" in line for line in text.splitlines()) > 4, "the runs in flight on A ran again"
+        for folder in run_folders(tmp_path):
+            assert json.loads((folder / "summary.json").read_text())["env_steps"] == 20480
+            assert json.loads((folder / "node.json").read_text())["node_id"] == node_b.node_id
+    finally:
+        cluster.shutdown()
+
+
+def test_ctrl_c_keeps_finished_runs_and_storage_runs_resume(tmp_path, cluster):
+    """With --storage (here a folder both nodes of this machine see), Ctrl-C stops the sweep; the run that had
+    finished stays, the interrupted ones leave checkpoints, and the next invocation resumes them."""
+    cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    storage = tmp_path / "shared"
+    long_run = ["--total-timesteps", "409600", *SHORT[2:]]
+    sweep = ["--envs", "Pendulum-v1", "--impls", "ppo", "--seeds", "1", "--storage", str(storage)]
+    # one finished run first: the 1e-4 configuration, 2048 steps
+    first = run_learning(tmp_path, cluster.address, *sweep, "--grid", "learning-rate=1e-4", *SHORT)
+    assert first.returncode == 0, first.stderr[-3000:]
+    finished = storage / "runs" / "bench" / LABELS[0] / "Pendulum-v1__1"
+    finished_events = sorted(p.name for p in finished.glob("events.*"))
+    sweep += ["--grid", "learning-rate=1e-4,3e-4"]
+    proc = start_learning(tmp_path, cluster.address, *sweep, *long_run)
+    interrupted = storage / "runs" / "bench" / LABELS[1] / "Pendulum-v1__1"
+    deadline = time.time() + 180
+    while time.time() < deadline and not list(interrupted.glob("events.*")):
+        time.sleep(0.5)
+    time.sleep(8)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "stopped; " in output and "Traceback" not in output, output[-3000:]
+    assert sorted(p.name for p in finished.glob("events.*")) == finished_events, "the finished run is kept as it was"
+    summary = json.loads((interrupted / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and (interrupted / "checkpoint.pt").is_file()
+    import learning
+
+    cfg = learning.parse_args(["--run", "--ray-address", "auto", *sweep, *long_run])
+    assert [run[-1] for run in learning.missing_runs(cfg)] == ["resume"], "the next invocation resumes only that one"
+
+
+def test_bootstrap_difference_interval_against_enumerated_resamples():
+    """With 3 seeds a side there are 27 x 27 equally likely resamples: their exact 2.5% and 97.5% quantiles are the
+    reference for the sampled bootstrap."""
+    import itertools
+
+    import numpy as np
+    from learning_report import bootstrap_difference_interval
+
+    a, b = [1.0, 2.0, 6.0], [0.0, 0.5, 1.0]
+    means_a = [np.mean(x) for x in itertools.product(a, repeat=3)]
+    means_b = [np.mean(y) for y in itertools.product(b, repeat=3)]
+    resampled = [x - y for x in means_a for y in means_b]
+    low, high = bootstrap_difference_interval(a, b, reps=200_000)
+    assert low == pytest.approx(np.percentile(resampled, 2.5), abs=0.05)
+    assert high == pytest.approx(np.percentile(resampled, 97.5), abs=0.05)
+    assert bootstrap_difference_interval([3.0, 3.0], [1.0, 1.0]) == (2.0, 2.0)
