@@ -84,28 +84,38 @@ def run_trainer(python: str, repo: str, argv: list[str], cwd: str) -> tuple[int,
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [repo, os.environ.get("PYTHONPATH")] if p))
     env.setdefault("MPLBACKEND", "Agg")
     start = time.perf_counter()
-    proc = subprocess.Popen(
-        [python, os.path.join(repo, argv[0]), *argv[1:]],
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=terminate_with_parent,
-    )
-    try:
-        _, stderr = proc.communicate()
-    except BaseException:  # ray.cancel raises KeyboardInterrupt here: let the trainer checkpoint, then stop
-        proc.send_signal(signal.SIGINT)
-        proc.wait()
-        raise
-    return proc.returncode, stderr, time.perf_counter() - start
+    with tempfile.TemporaryFile("w+") as stderr:  # a file, not a pipe: the wait below never reads it
+        proc = subprocess.Popen(
+            [python, os.path.join(repo, argv[0]), *argv[1:]],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            text=True,
+            preexec_fn=terminate_with_parent,
+        )
+        try:
+            while True:  # short waits: ray.cancel's KeyboardInterrupt arrives between them, not inside a long one
+                try:
+                    proc.wait(timeout=1)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        except BaseException:  # the sweep was cancelled: the trainer saves a checkpoint, then stops
+            proc.send_signal(signal.SIGINT)
+            proc.wait()
+            raise
+        stderr.seek(0)
+        return proc.returncode, stderr.read(), time.perf_counter() - start
 
 
 def terminate_with_parent() -> None:
-    """(In the trainer, before it starts.) On Linux, ask for SIGTERM when the worker that started it dies, so that a
-    killed worker or a removed node leaves no trainer behind."""
+    """(In the trainer, before it starts.) A Ray worker blocks SIGINT, and a blocked or ignored signal stays so across
+    exec: give the trainer back Ctrl-C. On Linux, also ask for SIGTERM when the worker that started it dies, so that
+    a killed worker or a removed node leaves no trainer behind (both signals make it save a checkpoint)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
     if sys.platform.startswith("linux"):
         import ctypes
 
@@ -142,6 +152,7 @@ def run_on_cluster(jobs: list[dict], cfg) -> None:
     runs_root = os.path.abspath(cfg.runs_root)
     if runs_root.startswith(REPO + os.sep):
         excludes.append(os.path.relpath(runs_root, REPO))
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # each run's "running on" line, even when they look alike
     try:
         ray.init(
             address=cfg.ray_address,
@@ -184,10 +195,10 @@ def collect_runs(pending: dict, cfg, total: int) -> None:
                 result = ray.get(ref)
             except ray.exceptions.RayError as e:
                 failures.append(f"{job['label']}: {str(e).strip().splitlines()[0]}")
-                bar.write(f"learning.py: failed {job['label']}: {failures[-1]}")
+                bar.write(f"learning.py: failed {job['label']}: {failures[-1]}", file=sys.stderr)
                 bar.update()
                 continue
-            bar.write(f"learning.py: {finished_line(job, result, cfg)}")
+            bar.write(f"learning.py: {finished_line(job, result, cfg)}", file=sys.stderr)
             if result["returncode"] != 0:
                 lines = [line for line in result["stderr"].splitlines() if line.strip()]
                 failures.append(f"{job['label']}: exit {result['returncode']}: {lines[-1] if lines else ''}")
@@ -197,7 +208,7 @@ def collect_runs(pending: dict, cfg, total: int) -> None:
             ray.cancel(ref)  # the task passes the Ctrl-C on to its trainer, which saves a checkpoint
         if pending:
             ray.wait(list(pending), num_returns=len(pending), timeout=60)
-        bar.write(f"learning.py: stopped; {total - len(pending)} of {total} runs ended and are kept")
+        bar.write(f"learning.py: stopped; {total - len(pending)} of {total} runs ended and are kept", file=sys.stderr)
         raise
     finally:
         bar.close()
