@@ -145,6 +145,13 @@ def resumed_args(args_type: type, args):
     them is refused, naming it."""
     saved = load_checkpoint(args.resume)["args"]
     names = {f.name for f in dataclasses.fields(args_type)}
+    # The two scripts' checkpoints differ in what a resumed run needs (the sampler's stream, the actors' state).
+    this, writer = ("dppo_ray.py" if "num_actors" in keys else "ppo_continuous.py" for keys in (names, saved))
+    if writer != this:
+        raise UsageError(
+            f"--resume {args.resume} is a checkpoint of {writer}: continue it with python {writer} --resume "
+            f"{args.resume}"
+        )
     args = tyro.cli(args_type, default=args_type(**{k: v for k, v in saved.items() if k in names - MACHINE_FLAGS}))
     for name in sorted(names & set(saved) - RESUMABLE_FLAGS):
         if getattr(args, name) != saved[name]:

@@ -10,6 +10,7 @@ address, and stops the nodes when the command ends.
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 
@@ -19,23 +20,31 @@ def main(argv: list[str] | None = None) -> int:
         prog="local_cluster.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     p.add_argument("--nodes", type=int, default=2, help="nodes, the head included (default: 2)")
-    p.add_argument("--cpus", type=float, default=2, help="CPUs each node offers (default: 2)")
+    p.add_argument(
+        "--cpus", type=float, nargs="+", default=[2.0], help="CPUs each node offers, or one value per node (default: 2)"
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="after --: the command to run, with {address}")
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if args.nodes < 1 or args.cpus <= 0 or not command:
-        p.error("give --nodes >= 1, --cpus > 0 and a command after --")
+    cpus = args.cpus * args.nodes if len(args.cpus) == 1 else args.cpus
+    if args.nodes < 1 or len(cpus) != args.nodes or min(cpus) < 0 or not command:
+        p.error("give --nodes >= 1, --cpus >= 0 (one value, or one per node) and a command after --")
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": args.cpus})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus[0]})
     try:
-        for _ in range(args.nodes - 1):
-            cluster.add_node(num_cpus=args.cpus)
+        for node_cpus in cpus[1:]:
+            cluster.add_node(num_cpus=node_cpus)
         cluster.wait_for_nodes()
-        print(f"local_cluster.py: {args.nodes} nodes x {args.cpus:g} CPUs at {cluster.address}", file=sys.stderr)
-        return subprocess.call([part.replace("{address}", cluster.address) for part in command])
-    except KeyboardInterrupt:
-        return 130
+        offered = " + ".join(f"{c:g}" for c in cpus)
+        print(f"local_cluster.py: {args.nodes} nodes, {offered} CPUs, at {cluster.address}", file=sys.stderr)
+        proc = subprocess.Popen([part.replace("{address}", cluster.address) for part in command])
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:  # the command saves what it can first (a terminal's Ctrl-C reaches it too)
+            proc.send_signal(signal.SIGINT)
+            proc.wait()
+            return 130
     finally:
         cluster.shutdown()
 

@@ -245,7 +245,16 @@ MACHINE_PATH = re.compile(r"(?<![\w.])/(work|root|tmp|home)/")
 
 
 @pytest.mark.parametrize(
-    "script", ["throughput.py", "scaling.py", "learning.py", "sb3_ppo.py", "rllib_ppo.py", "iteration_profile.py"]
+    "script",
+    [
+        "throughput.py",
+        "scaling.py",
+        "learning.py",
+        "sb3_ppo.py",
+        "rllib_ppo.py",
+        "iteration_profile.py",
+        "local_cluster.py",
+    ],
 )
 def test_help_exits_0_and_names_only_files_that_exist(script, tmp_path):
     result = run_script(script, "--help", cwd=tmp_path)

@@ -152,6 +152,14 @@ def test_resume_takes_the_runs_flags_from_the_checkpoint(tmp_path, script):
     summary = json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())
     assert summary["env_steps"] == 1024 and summary["hyperparameters"]["num_steps"] == 128
     assert summary["hyperparameters"]["num_minibatches"] == 4
+    # The other script's checkpoint is refused in one line that names the script to use.
+    other = "dppo_ray.py" if script == "ppo_continuous.py" else "ppo_continuous.py"
+    wrong = run(other, ["--resume", ckpt, "--total-timesteps", "2048"], tmp_path)
+    assert wrong.returncode == 2 and "Traceback" not in wrong.stderr, wrong.stderr
+    assert (
+        wrong.stderr.strip() == f"{other}: error: --resume {ckpt} is a checkpoint of {script}: continue it with "
+        f"python {script} --resume {ckpt}"
+    )
 
 
 @pytest.mark.parametrize("script", list(SHAPE))
