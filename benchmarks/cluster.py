@@ -54,6 +54,9 @@ def run_on_node(job: dict) -> dict:
     }
     print(f"learning.py: {job['label']} running on {node['host']} (node {node['node_id'][:8]})", flush=True)
     repo = os.getcwd()  # the job's working_dir: this repo, as uploaded
+    if job["storage"] and not os.path.isdir(os.path.join(job["storage"], "runs")):
+        message = f"--storage {job['storage']} is not there on {node['host']}: mount it on every node"
+        return {**node, "returncode": 2, "stderr": message, "seconds": 0.0, "tar": None}
     work = job["storage"] or tempfile.mkdtemp(prefix="learning_run_")
     folder = os.path.join(work, "runs", job["run_name"])
     try:
@@ -85,6 +88,7 @@ def run_trainer(python: str, repo: str, argv: list[str], cwd: str) -> tuple[int,
     env.setdefault("MPLBACKEND", "Agg")
     start = time.perf_counter()
     with tempfile.TemporaryFile("w+") as stderr:  # a file, not a pipe: the wait below never reads it
+        parent_death_signal = linux_prctl()  # looked up here: after fork, the child only calls it
         proc = subprocess.Popen(
             [python, os.path.join(repo, argv[0]), *argv[1:]],
             cwd=cwd,
@@ -93,7 +97,7 @@ def run_trainer(python: str, repo: str, argv: list[str], cwd: str) -> tuple[int,
             stdout=subprocess.DEVNULL,
             stderr=stderr,
             text=True,
-            preexec_fn=terminate_with_parent,
+            preexec_fn=lambda: prepare_trainer(parent_death_signal),
         )
         try:
             while True:  # short waits: ray.cancel's KeyboardInterrupt arrives between them, not inside a long one
@@ -110,16 +114,34 @@ def run_trainer(python: str, repo: str, argv: list[str], cwd: str) -> tuple[int,
         return proc.returncode, stderr.read(), time.perf_counter() - start
 
 
-def terminate_with_parent() -> None:
+def linux_prctl():
+    """libc's prctl on Linux, else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+
+
+def prepare_trainer(prctl) -> None:
     """(In the trainer, before it starts.) A Ray worker blocks SIGINT, and a blocked or ignored signal stays so across
     exec: give the trainer back Ctrl-C. On Linux, also ask for SIGTERM when the worker that started it dies, so that
     a killed worker or a removed node leaves no trainer behind (both signals make it save a checkpoint)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
-    if sys.platform.startswith("linux"):
-        import ctypes
+    if prctl is not None:
+        prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+def probe_address(address: str) -> None:
+    """A host:port with no Ray behind it is one line at once, not minutes of ray.init's retries."""
+    if address in ("auto", "local") or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except (OSError, ValueError):
+        raise BenchError(f"cannot reach Ray at --ray-address {address}: nothing answers there") from None
 
 
 def pack_folder(folder: str) -> bytes:
@@ -143,16 +165,17 @@ def run_on_cluster(jobs: list[dict], cfg) -> None:
     unpack each finished run's folder into the head's runs folder. A bar counts the runs; each finished one prints a
     line with the node it ran on and its final return. Failed runs are reported at the end; the others still finish.
     Ctrl-C cancels the runs in flight and keeps those already finished."""
+    if not jobs:
+        return
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # read when ray is imported: each run's "running on" line is kept
     import ray
     import ray.cloudpickle
 
-    if not jobs:
-        return
     excludes = list(UPLOAD_EXCLUDES)
     runs_root = os.path.abspath(cfg.runs_root)
     if runs_root.startswith(REPO + os.sep):
         excludes.append(os.path.relpath(runs_root, REPO))
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # each run's "running on" line, even when they look alike
+    probe_address(cfg.ray_address)
     try:
         ray.init(
             address=cfg.ray_address,
@@ -166,9 +189,12 @@ def run_on_cluster(jobs: list[dict], cfg) -> None:
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     try:
         total = ray.cluster_resources().get("CPU", 0)
-        too_big = [job for job in jobs if job["cpus"] > total]
-        if too_big:
-            raise BenchError(f"{too_big[0]['label']} needs {too_big[0]['cpus']:g} CPUs; the cluster has {total:g}")
+        largest = max((node["Resources"].get("CPU", 0) for node in ray.nodes() if node["Alive"]), default=0)
+        too_big = [job for job in jobs if job["cpus"] > largest]
+        if too_big:  # a run needs its CPUs on one node; Ray would wait for such a node forever
+            raise BenchError(
+                f"{too_big[0]['label']} needs {too_big[0]['cpus']:g} CPUs on one node; the largest node has {largest:g}"
+            )
         print(f"learning.py: {len(jobs)} runs to the cluster ({total:g} CPUs)", file=sys.stderr, flush=True)
         task = ray.remote(run_on_node)
         pending = {}
@@ -194,7 +220,8 @@ def collect_runs(pending: dict, cfg, total: int) -> None:
             try:
                 result = ray.get(ref)
             except ray.exceptions.RayError as e:
-                failures.append(f"{job['label']}: {str(e).strip().splitlines()[0]}")
+                lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+                failures.append(f"{job['label']}: {lines[-1] if lines else type(e).__name__}")
                 bar.write(f"learning.py: failed {job['label']}: {failures[-1]}", file=sys.stderr)
                 bar.update()
                 continue
@@ -205,7 +232,7 @@ def collect_runs(pending: dict, cfg, total: int) -> None:
             bar.update()
     except KeyboardInterrupt:
         for ref in pending:
-            ray.cancel(ref)  # the task passes the Ctrl-C on to its trainer, which saves a checkpoint
+            ray.cancel(ref)  # the task passes Ctrl-C to its trainer, whose checkpoint stays only in --storage
         if pending:
             ray.wait(list(pending), num_returns=len(pending), timeout=60)
         bar.write(f"learning.py: stopped; {total - len(pending)} of {total} runs ended and are kept", file=sys.stderr)

@@ -66,6 +66,8 @@ def run_missing(cfg: argparse.Namespace) -> None:
     Ray tasks on the cluster (cluster.py)."""
     missing = missing_runs(cfg)
     if cfg.ray_address:
+        if cfg.storage:
+            os.makedirs(cfg.runs_root, exist_ok=True)  # a node that does not see it refuses its runs
         run_on_cluster([cluster_job(cfg, *run) for run in missing], cfg)
         return
     root = os.path.abspath(cfg.runs_root)
@@ -292,8 +294,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if cfg.storage and not cfg.ray_address:
         p.error("--storage is where cluster runs write: use it with --ray-address")
     if cfg.storage:
-        if "--runs-root" in argv:
+        if any(a == "--runs-root" or a.startswith("--runs-root=") for a in argv):
             p.error("--storage sets the runs folder (<storage>/runs): leave out --runs-root")
+        if cfg.quick:
+            p.error("--quick trains in a temporary folder of this machine: leave out --storage")
         cfg.runs_root = os.path.join(cfg.storage, "runs")
     cfg.python_given = "--python" in argv or any(a.startswith("--python=") for a in argv)
     if shutil.which(cfg.python) is None:
@@ -311,8 +315,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return cfg
 
 
-# learning.py sets these itself for every run; a grid over them would collide with its own flags.
-OWN_FLAGS = {"env-id", "seed", "total-timesteps", "num-steps", "num-minibatches", "run-name", "resume", "overwrite"}
+# learning.py sets these itself for every run, or they say how and where a run runs rather than what it learns: a grid
+# over them would collide with learning.py's own flags or with the run's folder.
+OWN_FLAGS = {
+    "env-id",
+    "seed",
+    "total-timesteps",
+    "num-steps",
+    "num-minibatches",
+    "run-name",
+    "resume",
+    "overwrite",
+    "quiet",
+    "exp-name",
+    "eval-checkpoint",
+    "mode",
+    "ray-address",
+    "no-ray",
+    "object-store-memory",
+}
 
 
 def configurations(impls: list[str], grid: list[str]) -> tuple[list[tuple], set[str]]:
@@ -327,10 +348,20 @@ def configurations(impls: list[str], grid: list[str]) -> tuple[list[tuple], set[
         if not sep or not key or not all(values.split(",")):
             raise ValueError(f"--grid {item}: write FLAG=V1,V2 (e.g. learning-rate=1e-4,3e-4)")
         if key in OWN_FLAGS:
-            raise ValueError(f"--grid {key}: learning.py sets --{key} itself (see its own flags)")
-        axes.append([(key, value) for value in values.split(",")])
+            raise ValueError(f"--grid {key}: learning.py sets --{key} itself, or it is not a setting to sweep")
+        if key in {k for axis in axes for k, _ in axis}:
+            raise ValueError(f"--grid {key}: given twice")
+        values = values.split(",")
+        if len(set(values)) < len(values) or any(
+            not v.strip() or v != v.strip() or "/" in v or "|" in v for v in values
+        ):
+            raise ValueError(f"--grid {item}: give distinct values, without spaces, '/' or '|' (they name folders)")
+        axes.append([(key, value) for value in values])
     if "sb3" in impls:
         raise ValueError("--grid takes ppo_continuous.py and dppo_ray.py flags: leave sb3 out of --impls")
+    unknown = [impl for impl in impls if impl not in COMMANDS]
+    if unknown:
+        raise ValueError(f"--grid takes the flags of {' '.join(COMMANDS)}, not of {' '.join(unknown)}")
     fields = trainer_fields(impls)
     bool_flags = set()
     for (key, _), *_ in axes:
@@ -359,11 +390,17 @@ def trainer_fields(impls: list[str]) -> dict[str, dict[str, type]]:
     import typing
 
     sys.path.insert(0, REPO)
+    import run_utils
+
     fields = {}
     for impl in impls:
         module = importlib.import_module(COMMANDS[impl][0].removesuffix(".py"))
         hints = typing.get_type_hints(module.Args, include_extras=False)
-        fields[impl] = {f.name.replace("_", "-"): hints[f.name] for f in dataclasses.fields(module.Args)}
+        # the computed fields (batch size and the like) are no flags: the script sets them from the others
+        computed = run_utils.COMPUTED_FLAGS
+        fields[impl] = {
+            f.name.replace("_", "-"): hints[f.name] for f in dataclasses.fields(module.Args) if f.name not in computed
+        }
     return fields
 
 

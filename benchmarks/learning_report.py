@@ -194,11 +194,11 @@ def difference_table(rows: list[dict], baseline: str) -> list[str]:
     ]
     for base, r in comparisons:
         p_value = permutation_pvalue(r["finals"], base["finals"])
-        low, high = bootstrap_difference_interval(r["finals"], base["finals"])
-        lines.append(
-            f"| {r['env']} | {r['impl']} | {r['final'] - base['final']:+.0f} | [{low:+.0f}, {high:+.0f}] | "
-            f"{p_value:.2f} |"
-        )
+        interval = "—"  # one seed a side has no spread to resample
+        if min(len(r["finals"]), len(base["finals"])) >= 2:
+            low, high = bootstrap_difference_interval(r["finals"], base["finals"])
+            interval = f"[{low:+.0f}, {high:+.0f}]"
+        lines.append(f"| {r['env']} | {r['impl']} | {r['final'] - base['final']:+.0f} | {interval} | {p_value:.2f} |")
     return lines
 
 

@@ -851,3 +851,24 @@ def test_optimizer_is_built_without_importing_dynamo(tmp_path):
     assert lines[1] == "after step True"
     assert "run_utils" not in lines[2] and lines[2].startswith("handed back torch")
     assert lines[3] == "groups 2 grad None"
+
+
+def test_a_run_on_the_fast_paths_never_imports_dynamo(tmp_path):
+    """The whole start-up (make_learner's Adam, the start-up check) and the run, as a user runs it: torch._dynamo
+    (seconds of imports) stays out of the process."""
+    args = ["--env-id", "Pendulum-v1", "--total-timesteps", "1024", "--num-steps", "256", "--num-minibatches", "4"]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", str(REPO / "ppo_continuous.py"), *args, "--run-name", "d", "--quiet"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert "torch.nn" in imported and "fast_paths" in imported, "importtime lists the run's imports"
+    assert "torch._dynamo" not in imported
+    summary = json.loads((tmp_path / "runs" / "d" / "summary.json").read_text())
+    assert summary["fast_paths"]["update"].startswith("StackedUpdate")
