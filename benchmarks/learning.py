@@ -35,6 +35,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -428,6 +429,8 @@ def use_quick_settings(cfg: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # Ctrl-C (or kill -INT) stops the runs even when a parent started this with SIGINT ignored (nohup, `&` in a script)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     cfg = parse_args(argv)
     if cfg.quick:
         use_quick_settings(cfg)

@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("command", nargs=argparse.REMAINDER, help="after --: the command to run, with {address}")
     args = p.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with SIGINT ignored
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     cpus = args.cpus * args.nodes if len(args.cpus) == 1 else args.cpus
     if args.nodes < 1 or len(cpus) != args.nodes or min(cpus) < 0 or not command:
