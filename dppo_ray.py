@@ -25,7 +25,6 @@ import dataclasses
 import logging
 import math
 import os
-import socket
 import sys
 import time
 import warnings
@@ -47,6 +46,7 @@ from run_utils import (
     cli,
     end_run,
     quiet_mujoco_log,
+    ray_address_answers,
     require_positive,
     restore_training,
     resume_checkpoint,
@@ -284,13 +284,8 @@ def init_ray(args: Args):
         kwargs["object_store_memory"] = args.object_store_memory
     elif args.object_store_memory is not None:
         raise UsageError("--object-store-memory applies to a local Ray; set it with `ray start` on a cluster")
-    if args.ray_address not in (None, "auto", "local"):
-        # ray.init retries an address with no Ray behind it for minutes; a plain TCP probe answers at once.
-        host, _, port = args.ray_address.split("://")[-1].rpartition(":")
-        try:
-            socket.create_connection((host, int(port)), timeout=5).close()
-        except (OSError, ValueError):
-            raise UsageError(f"cannot reach Ray at --ray-address {args.ray_address}: nothing answers there") from None
+    if args.ray_address not in (None, "auto", "local") and not ray_address_answers(args.ray_address):
+        raise UsageError(f"cannot reach Ray at --ray-address {args.ray_address}: nothing answers there")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

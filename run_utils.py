@@ -17,6 +17,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import sys
 import time
 import warnings
@@ -162,6 +163,17 @@ def resumed_args(args_type: type, args):
                 f"trained with {saved[name]} (a resumed run keeps the flags that define it)"
             )
     return args
+
+
+def ray_address_answers(address: str) -> bool:
+    """Whether something listens at a Ray `host:port` (or `ray://host:port`): ray.init retries an address with no Ray
+    behind it for minutes, a plain TCP probe answers at once."""
+    host, _, port = address.split("://")[-1].rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def resume_checkpoint(args) -> dict | None:

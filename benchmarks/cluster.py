@@ -64,10 +64,8 @@ def run_on_node(job: dict) -> dict:
             unpack_folder(job["folder_tar"], folder)
         if os.path.isfile(os.path.join(folder, "checkpoint.pt")) and job["argv"]["resume"]:
             argv = job["argv"]["resume"]
-        elif os.path.isdir(folder):
-            shutil.rmtree(folder)  # a folder without a checkpoint: the run starts afresh
-            argv = job["argv"]["new"]
         else:
+            shutil.rmtree(folder, ignore_errors=True)  # a folder without a checkpoint: the run starts afresh
             argv = job["argv"]["new"]
         os.makedirs(os.path.join(work, "runs"), exist_ok=True)
         returncode, stderr, seconds = run_trainer(job["python"] or sys.executable, repo, argv, work)
@@ -133,17 +131,6 @@ def prepare_trainer(prctl) -> None:
         prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
-def probe_address(address: str) -> None:
-    """A host:port with no Ray behind it is one line at once, not minutes of ray.init's retries."""
-    if address in ("auto", "local") or "://" in address:
-        return
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=5).close()
-    except (OSError, ValueError):
-        raise BenchError(f"cannot reach Ray at --ray-address {address}: nothing answers there") from None
-
-
 def pack_folder(folder: str) -> bytes:
     """The run folder as tar.gz bytes, its contents at the archive's root."""
     buffer = io.BytesIO()
@@ -175,7 +162,11 @@ def run_on_cluster(jobs: list[dict], cfg) -> None:
     runs_root = os.path.abspath(cfg.runs_root)
     if runs_root.startswith(REPO + os.sep):
         excludes.append(os.path.relpath(runs_root, REPO))
-    probe_address(cfg.ray_address)
+    sys.path.insert(0, REPO)
+    from run_utils import ray_address_answers
+
+    if cfg.ray_address not in ("auto", "local") and not ray_address_answers(cfg.ray_address):
+        raise BenchError(f"cannot reach Ray at --ray-address {cfg.ray_address}: nothing answers there")
     try:
         ray.init(
             address=cfg.ray_address,

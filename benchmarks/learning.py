@@ -81,12 +81,9 @@ def run_missing(cfg: argparse.Namespace) -> None:
         title = f"{status} {label} on {env_id}, seed {seed}"
         if impl == "sb3":
             single.append((title, sb3_argv(cfg, env_id, seed, folder, REPO), sys.executable))  # SB3 runs in this venv
-        elif impl.startswith("dppo"):
-            argv = trainer_argv(cfg, (label, impl, config, env_id, seed), folder, status, REPO)
-            distributed.append((title, argv, cfg.python))
-        else:
-            argv = trainer_argv(cfg, (label, impl, config, env_id, seed), folder, status, REPO)
-            single.append((title, argv, cfg.python))
+            continue
+        argv = trainer_argv(cfg, (label, impl, config, env_id, seed), folder, status, REPO)
+        (distributed if impl.startswith("dppo") else single).append((title, argv, cfg.python))
     run_jobs(single, cfg.jobs, cwd=os.path.dirname(root))
     run_jobs(distributed, 1, cwd=os.path.dirname(root))
 
