@@ -210,10 +210,11 @@ class ActorPool:
     def submit(self, index: int) -> None:
         self.in_flight[self.call(index, "rollout", self.args.num_steps)] = index
 
-    def gather(self, version: int) -> tuple[list[dict], list[dict]]:
+    def gather(self, version: int, fast_acting: bool) -> tuple[list[dict], list[dict]]:
         """One batch: a rollout from each of --num-actors actors (sync), or the first --num-actors rollouts that are
         fresh enough (async, where an actor is sent its next rollout as soon as one arrives). Returns the accepted
-        rollouts in actor order and the dropped ones, whose steps and episodes still count."""
+        rollouts in actor order and the dropped ones, whose steps and episodes still count. Once the audit has moved
+        acting to torch (`fast_acting` False), a rollout that the numpy actor acted on is dropped too."""
         if self.args.mode == "sync":
             for i in range(len(self.actors)):
                 self.submit(i)
@@ -240,6 +241,12 @@ class ActorPool:
                         self.counters["dropped_rollouts"] += 1
                         dropped.append(rollout)
                         continue
+                if bool(rollout["acted_fast"]) and not fast_acting:  # acted before the audit moved acting to torch
+                    self.counters["discarded_rollouts"] += 1
+                    dropped.append(rollout)
+                    if self.args.mode == "sync":
+                        self.submit(index)
+                    continue
                 accepted[(index, len(accepted))] = rollout
                 if len(accepted) == len(self.actors):
                     break
@@ -357,7 +364,7 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple, run_dir: str, devic
     learner.agent.obs_layout = obs_layout
     learner.agent.action_bounds = action_bounds
     state = RunState() if ckpt is None else restore_training(ckpt, learner, args.resume)
-    for key in ("dropped_rollouts", "actor_restarts", "lost_rollouts"):
+    for key in ("dropped_rollouts", "actor_restarts", "lost_rollouts", "discarded_rollouts"):
         state.counters.setdefault(key, 0)
     decoupled = args.stale_correction == "decoupled"
     ppo.start_fast_paths(learner, args, decoupled)
@@ -382,12 +389,17 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple, run_dir: str, devic
             version = state.iteration  # the learner's policy version: the number of updates so far
             ent_coef = ppo.anneal(learner.optimizer, args, version + 1)
             wait_start = time.perf_counter()
-            rollouts, dropped = pool.gather(version)
+            discarded = True
+            while discarded:  # rollouts that a wrong actor acted on are sampled again, the actors acting with torch
+                rollouts, dropped = pool.gather(version, learner.fast.acting)
+                for rollout in dropped + rollouts:
+                    state.global_step += rollout["rewards"].size
+                    monitor.episodes(rollout)
+                    ppo.update_statistics(rollout, learner, args)
+                discarded = ppo.discard_wrongly_acted(learner, rollouts, version + 1, state.counters)
+                if discarded:
+                    pool.broadcast(ppo.policy_weights(learner), version)
             wait_seconds = time.perf_counter() - wait_start
-            for rollout in dropped + rollouts:
-                state.global_step += rollout["rewards"].size
-                monitor.episodes(rollout)
-                ppo.update_statistics(rollout, learner, args)
             lags = [version - int(r["policy_version"]) for r in rollouts]
             actor_speed = float(np.mean([r["rewards"].size / float(r["sample_seconds"]) for r in rollouts]))
             actor_nodes.update(str(r["node_id"]) for r in rollouts)
@@ -396,7 +408,7 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple, run_dir: str, devic
                 batch = decouple(batch, learner.agent)
             update_start = time.perf_counter()
             learner_seconds["prepare"] += update_start - wait_start - wait_seconds
-            stats, problem = ppo.ppo_update(learner, batch, args, ent_coef)
+            stats, problem = ppo.ppo_update(learner, batch, args, ent_coef, version + 1)
             update_seconds = time.perf_counter() - update_start
             learner_seconds["wait"] += wait_seconds
             learner_seconds["update"] += update_seconds
@@ -429,8 +441,8 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple, run_dir: str, devic
         "actor_nodes": len(actor_nodes),
         "learner_seconds": {k: round(v, 2) for k, v in learner_seconds.items()},
     }
-    end_run(monitor, loop.status, learner, state, ppo, extra)
-    return loop.exit_status()
+    eval_failed = end_run(monitor, loop.status, learner, state, ppo, extra)
+    return loop.exit_status() or eval_failed
 
 
 if __name__ == "__main__":

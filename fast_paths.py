@@ -31,8 +31,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from torch import nn
+from torch.distributions import Categorical, Distribution, Independent, Normal
 
 from gae import LOG_SQRT_2PI, PPOLoss, ppo_loss
+
+LOSS_GRADIENT_WRITTEN = "written out for the stock gae.ppo_loss (audited against autograd over it)"
+LOSS_GRADIENT_DERIVED = "derived by autograd over gae.ppo_loss's per-sample inputs"
+
+# The loss's fields that the checks compare, besides the gradient
+LOSS_FIELDS = ("loss", "policy_loss", "value_loss", "entropy", "ratio")
 
 # A fast path matches when each value it computes differs from the plain path's by at most this fraction of that
 # value's largest magnitude (see compare). Both compute in float32, whose rounding (about 1e-7 relative) accumulates
@@ -227,6 +234,64 @@ def adam_settings(optimizer: torch.optim.Optimizer, agent: nn.Module) -> dict:
     return group
 
 
+def ppo_loss_of(new_logprob, new_values, entropy, minibatch: dict, loss_kwargs: dict) -> PPOLoss:
+    """gae.ppo_loss of a minibatch, given the network's per-sample outputs."""
+    return ppo_loss(
+        new_logprob,
+        minibatch["logprobs"],
+        minibatch["advantages"],
+        new_values,
+        minibatch["values"],
+        minibatch["returns"],
+        entropy,
+        behaviour_logprob=minibatch.get("behaviour_logprobs"),
+        **loss_kwargs,
+    )
+
+
+def derived_loss_gradients(new_logprob, new_values, entropy, minibatch: dict, loss_kwargs: dict) -> tuple:
+    """gae.ppo_loss and, by autograd, its gradient with respect to its per-sample inputs (each None where the loss
+    does not depend on it): whatever ppo_loss computes from these, this is its gradient."""
+    per_sample = [x.detach().clone().requires_grad_() for x in (new_logprob, new_values, entropy)]
+    with torch.enable_grad():
+        stats = ppo_loss_of(*per_sample, minibatch, loss_kwargs)
+        grads = torch.autograd.grad(stats.loss, per_sample, allow_unused=True)
+    return stats, grads
+
+
+def written_loss_gradients(stats: PPOLoss, minibatch: dict, new_values: torch.Tensor, loss_kwargs: dict) -> tuple:
+    """derived_loss_gradients' gradients, written out for gae.ppo_loss as it ships (CleanRL's loss, and decoupled
+    PPO's weight): autograd over a minibatch's 64-element vectors costs more than the rest of its update
+    (benchmarks/results/README.md), so the stock loss keeps this fast path of its own. It is used only while it
+    equals the derived gradient, at start-up on a minibatch that takes every branch of the loss and on the first
+    minibatch of every update; an edited ppo_loss makes it step aside for derived_loss_gradients."""
+    n = len(new_values)
+    advantages = minibatch["advantages"]
+    if loss_kwargs.get("norm_adv", True) and n > 1:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    clip_coef = loss_kwargs["clip_coef"]
+    # d/d log pi of -A r is -A r. The max passes it on where the unclipped term is the larger (inside the clip range
+    # the two are equal, and autograd's halves of a tie add up to the whole); the clamped term has none.
+    unclipped = -advantages * stats.ratio
+    clipped = -advantages * stats.ratio.clamp(1.0 - clip_coef, 1.0 + clip_coef)
+    logprob_grad = unclipped * (unclipped >= clipped) * (1.0 / n)
+    behaviour = minibatch.get("behaviour_logprobs")
+    if behaviour is not None:
+        max_is_weight = loss_kwargs.get("max_is_weight", 100.0)
+        logprob_grad = logprob_grad * (minibatch["logprobs"] - behaviour).exp().clamp(max=max_is_weight)
+    error = new_values - minibatch["returns"]
+    if loss_kwargs["clip_vloss"]:  # the clipped term has a gradient only inside the clip, where it equals the other
+        step = new_values - minibatch["values"]
+        step_clipped = step.clamp(-clip_coef, clip_coef)
+        squared, squared_clipped = error**2, (minibatch["values"] + step_clipped - minibatch["returns"]) ** 2
+        value_grad = error * ((squared >= squared_clipped) | (step == step_clipped)) * (loss_kwargs["vf_coef"] / n)
+    else:
+        value_grad = error * (loss_kwargs["vf_coef"] / n)
+    ent_coef = loss_kwargs["ent_coef"]
+    entropy_grad = torch.full_like(new_values, -ent_coef / n) if ent_coef else None
+    return logprob_grad, value_grad, entropy_grad
+
+
 class StackedUpdate:
     """loss_and_gradients and optimizer.step() for the Agent's two MLPs and a torch.optim.Adam, in few ops.
 
@@ -235,11 +300,15 @@ class StackedUpdate:
     buffer. Adam's learning rate, betas and eps are read from the optimizer's param group at every step, so schedules
     reach it."""
 
-    def __init__(self, agent: nn.Module, optimizer: torch.optim.Optimizer):
+    def __init__(self, agent: nn.Module, optimizer: torch.optim.Optimizer, derive_loss_gradient: bool = False):
         self.linear, self.activations = stacked_layers(agent)
         self.group = adam_settings(optimizer, agent)
         self.agent = agent
         self.steps = 0
+        # d loss / d (log-probability, value, entropy): autograd over gae.ppo_loss, or written_loss_gradients while
+        # ppo_loss is the stock loss (see there)
+        self.derive_loss_gradient = derive_loss_gradient
+        self.last_per_sample: tuple = ()
         actor = agent.actor_mean
         self.shapes = [(2, actor[i].out_features, actor[i].in_features) for i in self.linear]
         self.shapes = [s for shape in self.shapes for s in (shape, (2, 1, shape[1]))] + [(1, actor[-1].out_features)]
@@ -249,12 +318,12 @@ class StackedUpdate:
         self.output_grads: dict[int, torch.Tensor] = {}
         self.minus_one = torch.tensor(-1.0, device=device)
         self.all_tanh = all(type(a) is nn.Tanh for a in self.activations)
-        views, grad_views = self.agent_views(self.params), self.agent_views(self.grads)
+        views, self.grad_views = self.agent_views(self.params), self.agent_views(self.grads)
         with torch.no_grad():
             for name, param in agent.named_parameters():
                 views[name].copy_(param)
                 param.data = views[name]
-                param.grad = grad_views[name]
+                param.grad = self.grad_views[name]
         if optimizer.state:  # a resumed run: the optimizer holds the checkpoint's moments
             self.load_state_dict(optimizer.state_dict())
 
@@ -301,9 +370,60 @@ class StackedUpdate:
         with torch.no_grad():
             return self.analytic_backward(minibatch, loss_kwargs)
 
+    def audit(self, minibatch: dict, loss_kwargs: dict, plain_loss_and_gradients, optimizer) -> tuple:
+        """One minibatch on both paths: this stacked update, and `plain_loss_and_gradients` (ppo_continuous.py's
+        loss_and_gradients: autograd through the live Agent, its hooks included, and gae.ppo_loss) with the run's
+        optimizer. Returns (statistics, largest relative difference, reason, loss_reason).
+
+        loss_reason: while the loss's gradient is written out, it is first compared with the derived one on this
+        minibatch; where they differ (an edited ppo_loss), the gradient is derived from now on and loss_reason says
+        why. reason None: the paths agree (or both are non-finite, for the guard) and the fast gradient is in the flat
+        buffer. Otherwise the plain statistics are returned, with the plain gradient in the parameters' .grad for the
+        plain path to step with."""
+        fast_stats = self.loss_and_gradients(minibatch, **loss_kwargs)
+        loss_reason = None
+        if not self.derive_loss_gradient:
+            new_logprob, new_values, _ = self.last_per_sample
+            written = written_loss_gradients(fast_stats, minibatch, new_values, loss_kwargs)
+            _, derived = derived_loss_gradients(*self.last_per_sample, minibatch, loss_kwargs)
+            zeros = torch.zeros_like(new_logprob)
+            names = ("log-probabilities", "values", "entropies")
+            pairs = {
+                f"gradient with respect to the {name}": (zeros if w is None else w, zeros if d is None else d)
+                for name, w, d in zip(names, written, derived)
+            }
+            _, loss_reason = worst_of(pairs, "autograd over gae.ppo_loss")
+            if loss_reason is not None:
+                self.derive_loss_gradient = True
+                fast_stats = self.loss_and_gradients(minibatch, **loss_kwargs)
+        fast_grads = self.grads.clone()
+        plain_stats = plain_loss_and_gradients(self.agent, optimizer, minibatch, **loss_kwargs)
+        named = list(self.agent.named_parameters())
+        plain_grads = {name: p.grad.clone() if p.grad is not None else torch.zeros_like(p) for name, p in named}
+        fast_views = self.agent_views(fast_grads)
+        against = "autograd through Agent and ppo_loss on this minibatch"
+        # The losses are means of terms of order one (normalized advantages times ratios near 1), so their float
+        # noise is of that order even where the mean is near zero: a least scale of 1 for them.
+        losses = {f: (getattr(fast_stats, f).detach(), getattr(plain_stats, f).detach()) for f in LOSS_FIELDS[:-1]}
+        compared = {"ratio": (fast_stats.ratio.detach(), plain_stats.ratio.detach())}
+        compared |= {f"gradient of {name}": (fast_views[name], plain_grads[name]) for name, _ in named}
+        relative, reason = max(worst_of(losses, against, floor=1.0), worst_of(compared, against), key=lambda r: r[0])
+        everything = list(losses.values()) + list(compared.values())
+        fast_finite = all(bool(torch.isfinite(fast).all()) for fast, _ in everything)
+        plain_finite = all(bool(torch.isfinite(plain).all()) for _, plain in everything)
+        if reason is None or not (fast_finite or plain_finite):
+            self.grads.copy_(fast_grads)
+            for name, param in named:
+                param.grad = self.grad_views[name]
+            return fast_stats, relative, None, loss_reason
+        for name, param in named:
+            param.grad = plain_grads[name]
+        return plain_stats, relative, reason, loss_reason
+
     def analytic_backward(self, minibatch: dict, loss_kwargs: dict) -> PPOLoss:
-        """The forward pass keeping each layer's input, then the chain rule written out, from the loss's gradient with
-        respect to the log-probabilities and values down to every weight."""
+        """The forward pass keeping each layer's input; gae.ppo_loss and its gradient with respect to its per-sample
+        inputs (the new log-probabilities, values and entropies); then the network's chain rule written out from
+        there down to every weight."""
         logstd = self.stacked[-1]
         inputs, pre_activations, out = self.forward(minibatch["obs"])
         inv_std, logstd_sum = torch.exp(-logstd), logstd.sum()
@@ -311,26 +431,29 @@ class StackedUpdate:
         z_squared = z * z
         new_logprob = z_squared.sum(1).mul_(-0.5).sub_(logstd_sum + logstd.shape[1] * LOG_SQRT_2PI)
         entropy = (logstd_sum + logstd.shape[1] * (0.5 + LOG_SQRT_2PI)).expand(len(z))  # the same for every sample
-        stats = ppo_loss(
-            new_logprob,
-            minibatch["logprobs"],
-            minibatch["advantages"],
-            out[1, :, 0],
-            minibatch["values"],
-            minibatch["returns"],
-            entropy,
-            behaviour_logprob=minibatch.get("behaviour_logprobs"),
-            with_grads=True,
-            **loss_kwargs,
-        )
+        self.last_per_sample = (new_logprob, out[1, :, 0], entropy)
+        if self.derive_loss_gradient:
+            stats, (logprob_grad, value_grad, entropy_grad) = derived_loss_gradients(
+                *self.last_per_sample, minibatch, loss_kwargs
+            )
+        else:
+            stats = ppo_loss_of(*self.last_per_sample, minibatch, loss_kwargs)
+            logprob_grad, value_grad, entropy_grad = written_loss_gradients(stats, minibatch, out[1, :, 0], loss_kwargs)
         *layer_grads, logstd_grad = self.stacked_grads
         d_out = self.output_grad_buffer(len(z))
-        # d log pi / d mean = z / std and d log pi / d logstd = z^2 - 1, per sample; the entropy's d / d logstd is 1
-        torch.mul(z * inv_std, stats.logprob_grad[:, None], out=d_out[0])
-        d_out[1, :, 0] = stats.value_grad
-        torch.mm(stats.logprob_grad[None], z_squared - 1.0, out=logstd_grad)
-        if loss_kwargs.get("ent_coef"):
-            logstd_grad.sub_(loss_kwargs["ent_coef"])
+        # d log pi / d mean = z / std and d log pi / d logstd = z^2 - 1, per sample; d entropy / d logstd = 1
+        if logprob_grad is None:
+            d_out[0].zero_()
+            logstd_grad.zero_()
+        else:
+            torch.mul(z * inv_std, logprob_grad[:, None], out=d_out[0])
+            torch.mm(logprob_grad[None], z_squared - 1.0, out=logstd_grad)
+        if entropy_grad is not None:
+            logstd_grad.add_(entropy_grad.sum())
+        if value_grad is None:
+            d_out[1, :, 0] = 0.0
+        else:
+            d_out[1, :, 0] = value_grad
         for k in reversed(range(len(self.linear))):
             weight, weight_grad, bias_grad = self.stacked[2 * k], layer_grads[2 * k], layer_grads[2 * k + 1]
             torch.bmm(d_out.mT, inputs[k], out=weight_grad)
@@ -402,15 +525,45 @@ class StackedUpdate:
 @dataclass
 class FastPaths:
     """Which part runs which way: `acting` True for NumpyActor, `update` the StackedUpdate or None for autograd with
-    the optimizer. `used` says it in words, for summary.json and TensorBoard."""
+    the optimizer. `used` says it in words, for summary.json and TensorBoard; `differences` holds the latest audit's
+    largest relative difference of each part, and `switches` each part that stepped aside during the run."""
 
     acting: bool = False
     update: StackedUpdate | None = None
     used: dict[str, str] = field(default_factory=dict)
+    differences: dict[str, float] = field(default_factory=dict)
+    switches: list[dict] = field(default_factory=list)
 
     def table(self) -> str:
         """`used` as a markdown table, for TensorBoard's text tab."""
         return "|part|runs on|\n|-|-|\n" + "\n".join(f"|{part}|{way}|" for part, way in self.used.items())
+
+    def step_aside(self, part: str, iteration: int, reason: str, optimizer: torch.optim.Optimizer) -> str:
+        """Move `part` ("acting" or "update") to the plain path for the rest of the run, as the audit found it to
+        differ at `iteration`; returns the line to print. The update hands its Adam moments to the optimizer."""
+        if part == "loss gradient":  # the stacked update stays on, with the gradient derived from ppo_loss
+            self.update.derive_loss_gradient = True
+            self.used[part] = f"{LOSS_GRADIENT_DERIVED} from iteration {iteration}: {reason}"
+            self.switches.append({"part": part, "iteration": iteration, "reason": reason})
+            then = "the loss's gradient is derived by autograd from now on"
+            return f"fast update: at iteration {iteration} the written-out loss gradient: {reason}; {then}"
+        if part == "acting":
+            self.acting = False
+            plain = "torch (Agent.get_distribution)"
+        else:
+            optimizer.load_state_dict(self.update.state_dict())
+            self.update = None
+            self.used.pop("loss gradient", None)
+            plain = f"autograd (loss.backward()) and torch.optim.{type(optimizer).__name__}"
+        self.used[part] = f"{plain} from iteration {iteration}: {reason}"
+        self.switches.append({"part": part, "iteration": iteration, "reason": reason})
+        then = "acting with torch through Agent.get_distribution" if part == "acting" else "training with autograd"
+        return f"fast {part} off at iteration {iteration}: {reason}; {then} from now on"
+
+    def scalars(self) -> dict[str, float]:
+        """What TensorBoard records of the fast paths each iteration, under audit/."""
+        scalars = {"audit/fast_acting": float(self.acting), "audit/fast_update": float(self.update is not None)}
+        return scalars | {f"audit/{part}_difference": value for part, value in self.differences.items()}
 
 
 def as_float64(x) -> torch.Tensor:
@@ -422,14 +575,121 @@ def compare(fast, plain) -> tuple[bool, float]:
     """Whether each fast value agrees with its plain counterpart within TOLERANCE of that counterpart's own largest
     magnitude (floored at a thousandth of the largest over all of them, so that float noise in a near-zero tensor is
     no mismatch), and the largest absolute difference."""
+    relatives, differences = relative_differences(fast, plain)
+    agree = all(r <= TOLERANCE for r in relatives)
+    return agree, max(differences, default=0.0)
+
+
+def relative_differences(fast, plain, floor: float = 0.0) -> tuple[list[float], list[float]]:
+    """Each pair's largest difference as a fraction of its scale (what TOLERANCE bounds; inf for a non-finite
+    difference or a shape mismatch), and each pair's largest absolute difference. `floor`: a least scale."""
     pairs = [(as_float64(f), as_float64(p)) for f, p in zip(fast, plain, strict=True)]
     if any(f.shape != p.shape for f, p in pairs):
-        return False, float("inf")
+        return [float("inf")] * len(pairs), [float("inf")] * len(pairs)
     differences = [float((f - p).abs().max()) if p.numel() else 0.0 for f, p in pairs]
     scales = [float(p.abs().max()) if p.numel() else 0.0 for _, p in pairs]
-    floor = max(1e-6, 1e-3 * max(scales, default=0.0))
-    agree = all(d <= TOLERANCE * max(scale, floor) for d, scale in zip(differences, scales))
-    return agree and all(np.isfinite(differences)), max(differences, default=0.0)
+    floor = max(floor, 1e-6, 1e-3 * max((x for x in scales if np.isfinite(x)), default=0.0))
+    relatives = [d / max(scale, floor) if np.isfinite(d) else float("inf") for d, scale in zip(differences, scales)]
+    return relatives, differences
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The audit, on the run's own data: every rollout's acting, and the first minibatch of every update
+# ---------------------------------------------------------------------------------------------------------------------
+def audit_acting(actor: NumpyActor, agent: nn.Module, obs: np.ndarray, actions: np.ndarray, logprobs: np.ndarray):
+    """NumpyActor against the Agent it mirrors, on a rollout's observations as they were acted on: the means and stds
+    (a categorical's log-probabilities of every action) against Agent.get_distribution, and the log-probabilities the
+    rollout stored against Agent.evaluate's. Returns the largest difference as a fraction of its value's scale, and
+    what differed when that is beyond float noise (None otherwise)."""
+    flat_obs = obs.reshape(-1, obs.shape[-1])
+    flat_actions = actions.reshape(len(flat_obs), *actions.shape[obs.ndim - 1 :])
+    with torch.no_grad():
+        obs_tensor = torch.from_numpy(flat_obs)
+        dist = agent.get_distribution(obs_tensor)
+        plain_logprob = agent.evaluate(obs_tensor, torch.from_numpy(flat_actions))[0]
+        if actor.discrete:
+            all_log_probs = log_softmax(actor.actor(flat_obs).astype(np.float64))
+            compared = {"action log-probabilities": (all_log_probs, dist.logits.log_softmax(-1))}
+        else:
+            compared = {"mean": (actor.actor(flat_obs), dist.mean)}
+            compared["std"] = (np.broadcast_to(actor.std, dist.stddev.shape), dist.stddev)
+        compared["log-probability of the actions taken"] = (logprobs.reshape(-1), plain_logprob)
+    return worst_of(compared, "Agent on this rollout's observations")
+
+
+def worst_of(compared: dict[str, tuple], against: str, floor: float = 0.0) -> tuple[float, str | None]:
+    """The largest relative difference over named (fast, plain) pairs, compared as one group (see compare; `floor`:
+    a least scale), and a reason naming the worst pair when it is beyond float noise (None otherwise)."""
+    fast, plain = [f for f, _ in compared.values()], [p for _, p in compared.values()]
+    relatives, _ = relative_differences(fast, plain, floor)
+    worst = int(np.argmax(relatives))
+    if relatives[worst] <= TOLERANCE:
+        return relatives[worst], None
+    return relatives[
+        worst
+    ], f"its {list(compared)[worst]} differs from {against} by {relatives[worst]:.3g} of its scale"
+
+
+def name_some(kind: str, names: list[str]) -> str:
+    return f"{kind} on {names[0]}" + (f" and {len(names) - 1} more" if len(names) > 1 else "")
+
+
+RANDOM_LAYERS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+
+
+def uncarried_state(agent: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, str]:
+    """What the fast paths cannot carry, by the part it touches ("acting", "update"), in words: a random layer, a
+    module's or a tensor's hook (a copy of the agent drops tensor hooks, and neither numpy nor the written-out
+    backward runs any hook), an optimizer's step hook, a buffer. Such a part runs the plain way."""
+    from torch.nn.modules import module as module_globals
+    from torch.optim import optimizer as optimizer_globals
+
+    found: dict[str, str] = {}
+
+    def add(parts: tuple[str, ...], reason: str) -> None:
+        for part in parts:
+            found.setdefault(part, reason)
+
+    modules = list(agent.named_modules())
+    for name, module in modules:
+        if isinstance(module, RANDOM_LAYERS):
+            add(("acting", "update"), f"a random layer ({type(module).__name__}) in {name or 'Agent'}")
+    forward = [name or "Agent" for name, m in modules if m._forward_hooks or m._forward_pre_hooks]
+    if forward:
+        add(("acting", "update"), name_some("a forward hook", forward))
+    backward = [name or "Agent" for name, m in modules if m._backward_hooks or m._backward_pre_hooks]
+    if backward:
+        add(("update",), name_some("a backward hook", backward))
+    if any(getattr(module_globals, f"_global_{kind}_hooks", None) for kind in ("forward", "forward_pre", "backward")):
+        add(("acting", "update"), "a global module hook (torch.nn.modules.module.register_module_*_hook)")
+    hooked = [
+        n for n, p in agent.named_parameters() if p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None)
+    ]
+    if hooked:
+        add(("update",), name_some("a gradient hook", hooked))
+    step_hooks = [getattr(optimizer, f"_optimizer_step_{when}_hooks", None) for when in ("pre", "post")]
+    step_hooks += [getattr(optimizer_globals, f"_global_optimizer_{when}_hooks", None) for when in ("pre", "post")]
+    if any(step_hooks):
+        add(("update",), "an optimizer step hook")
+    buffers = [name for name, _ in agent.named_buffers()]
+    if buffers:
+        add(("update",), name_some("a buffer", buffers) + " (the stacked layers carry parameters only)")
+    return found
+
+
+def describe(dist: Distribution) -> str:
+    inner = getattr(dist, "base_dist", None)
+    return type(dist).__name__ + (f"({describe(inner)})" if isinstance(inner, Distribution) else "")
+
+
+def require_diagonal_gaussian(dist: Distribution) -> None:
+    """DoesNotFit unless the policy is the diagonal Gaussian (or the categorical) that the fast paths compute."""
+    gaussian = isinstance(dist, Independent) and type(dist.base_dist) is Normal and dist.reinterpreted_batch_ndims == 1
+    if not gaussian and type(dist) is not Categorical:
+        raise DoesNotFit(
+            f"Agent.get_distribution returns {describe(dist)}, not the diagonal Gaussian (Independent(Normal, 1)) "
+            "it computes"
+        )
 
 
 def perturbed_copy(agent: nn.Module) -> nn.Module:
@@ -449,10 +709,16 @@ def check_acting(agent: nn.Module, obs_dim: int, act_dim: int, rows: int = 64) -
     generator = torch.Generator().manual_seed(0)
     try:
         cpu_agent = perturbed_copy(agent).cpu()
-        numpy_actor = NumpyActor(cpu_agent)
         obs = torch.randn(rows, obs_dim, generator=generator)
         with torch.no_grad():
             dist = cpu_agent.get_distribution(obs)
+            require_diagonal_gaussian(dist)
+            numpy_actor = NumpyActor(cpu_agent)
+            again = cpu_agent.get_distribution(obs)
+            if not torch.equal(
+                dist.logits if agent.discrete else dist.mean, again.logits if agent.discrete else again.mean
+            ):
+                raise DoesNotFit("Agent.get_distribution gives two answers for one input (a random layer)")
             if agent.discrete:
                 actions = torch.randint(act_dim, (rows,), generator=generator)
                 plain = [dist.logits.log_softmax(-1), dist.log_prob(actions), dist.entropy()]
@@ -468,7 +734,7 @@ def check_acting(agent: nn.Module, obs_dim: int, act_dim: int, rows: int = 64) -
     except DoesNotFit as e:
         return f"the network does not fit it ({e})"
     except Exception as e:  # noqa: BLE001 (any network that the plain path runs must not end the run here)
-        return f"mirroring Agent failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+        return f"mirroring Agent failed ({failure(e)})"
     agree, difference = compare(fast, plain)
     if not agree:
         return f"it differs from Agent.get_distribution (max difference {difference:.3g})"
@@ -503,19 +769,55 @@ def synthetic_minibatch(agent: nn.Module, obs_dim: int, clip_coef: float, decoup
     return {key: value.to(device) for key, value in minibatch.items()}
 
 
-def check_update(agent, optimizer, obs_dim: int, loss_settings: list[dict], decoupled: bool, plain) -> str | None:
+def check_loss_gradient(agent, obs_dim: int, loss_settings: list[dict], decoupled: bool) -> str | None:
+    """None when written_loss_gradients equals the gradient derived from gae.ppo_loss on a minibatch that takes every
+    branch of the loss, with each of the run's loss settings; else why not (an edited ppo_loss)."""
+    try:
+        plain_agent = perturbed_copy(agent)
+        with torch.no_grad():
+            require_diagonal_gaussian(plain_agent.get_distribution(torch.zeros(1, obs_dim, device=device_of(agent))))
+        worst = (0.0, None)
+        for loss_kwargs in loss_settings:
+            minibatch = synthetic_minibatch(plain_agent, obs_dim, loss_kwargs["clip_coef"], decoupled)
+            with torch.no_grad():
+                new_logprob, entropy, new_values = plain_agent.evaluate(minibatch["obs"], minibatch["actions"])
+                stats = ppo_loss_of(new_logprob, new_values, entropy, minibatch, loss_kwargs)
+                written = written_loss_gradients(stats, minibatch, new_values, loss_kwargs)
+            _, derived = derived_loss_gradients(new_logprob, new_values, entropy, minibatch, loss_kwargs)
+            zeros = torch.zeros_like(new_logprob)
+            names = ("log-probabilities", "values", "entropies")
+            pairs = {
+                f"gradient with respect to the {name}": (zeros if w is None else w, zeros if d is None else d)
+                for name, w, d in zip(names, written, derived)
+            }
+            relative, reason = worst_of(pairs, "the written-out one of the stock loss")
+            if reason is not None and relative >= worst[0]:
+                worst = (relative, reason)
+    except DoesNotFit:
+        return None  # check_update says why the update does not fit
+    except Exception as e:  # noqa: BLE001
+        return f"running it failed ({failure(e)})"
+    return worst[1]
+
+
+def check_update(
+    agent, optimizer, obs_dim: int, loss_settings: list[dict], decoupled: bool, plain, derive_loss_gradient: bool
+) -> str | None:
     """None when the fast update computes what the plain path does, else why not. `plain`: ppo_continuous.py's
     (loss_and_gradients, clip_gradients), which run on the plain path and are compared against here."""
     plain_loss_and_gradients, clip_gradients = plain
     try:
         adam_settings(optimizer, agent)  # the run's optimizer; the copy's layers are checked by StackedUpdate
         plain_agent = perturbed_copy(agent)
+        with torch.no_grad():
+            require_diagonal_gaussian(plain_agent.get_distribution(torch.zeros(1, obs_dim, device=device_of(agent))))
         fast_agent = copy.deepcopy(plain_agent)
-        fast = StackedUpdate(fast_agent, torch.optim.Adam(fast_agent.parameters(), **adam_options(optimizer)))
+        fast_optimizer = torch.optim.Adam(fast_agent.parameters(), **adam_options(optimizer))
+        fast = StackedUpdate(fast_agent, fast_optimizer, derive_loss_gradient)
     except DoesNotFit as e:
         return f"the network or optimizer does not fit it ({e})"
     except Exception as e:  # noqa: BLE001
-        return f"stacking Agent failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+        return f"stacking Agent failed ({failure(e)})"
     worst = (0.0, "")
     try:
         for loss_kwargs in loss_settings:
@@ -525,10 +827,12 @@ def check_update(agent, optimizer, obs_dim: int, loss_settings: list[dict], deco
             fast_stats = fast.loss_and_gradients(minibatch, **loss_kwargs)
             _, _, plain_values = plain_agent.evaluate(minibatch["obs"], minibatch["actions"])
             fast_values = fast.forward(minibatch["obs"])[2][1, :, 0]
-            fields = ("loss", "policy_loss", "value_loss", "entropy", "ratio")
             compared = {
                 "value": ([fast_values], [plain_values.detach()]),
-                "loss": ([getattr(fast_stats, f) for f in fields], [getattr(plain_stats, f).detach() for f in fields]),
+                "loss": (
+                    [getattr(fast_stats, f) for f in LOSS_FIELDS],
+                    [getattr(plain_stats, f).detach() for f in LOSS_FIELDS],
+                ),
                 "gradient": (
                     [p.grad for p in fast_agent.parameters()],
                     [p.grad if p.grad is not None else torch.zeros_like(p) for p in plain_agent.parameters()],
@@ -552,7 +856,7 @@ def check_update(agent, optimizer, obs_dim: int, loss_settings: list[dict], deco
         if not step_agrees and step_difference >= worst[0]:
             worst = (step_difference, "Adam step")
     except Exception as e:  # noqa: BLE001
-        return f"running it failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+        return f"running it failed ({failure(e)})"
     if worst[1]:
         return f"it differs from autograd through Agent and ppo_loss (max {worst[1]} difference {worst[0]:.3g})"
     return None
@@ -591,6 +895,16 @@ def check_adam_steps(
     return compare(fast_changes, expected_changes)
 
 
+def failure(e: Exception) -> str:
+    """An exception in a few words: its type and the first line of its message."""
+    message = str(e).splitlines()[0][:120] if str(e).strip() else "no message"
+    return f"{type(e).__name__}: {message}"
+
+
+def device_of(agent: nn.Module) -> torch.device:
+    return next(agent.parameters()).device
+
+
 def adam_options(optimizer: torch.optim.Optimizer) -> dict:
     group = optimizer.param_groups[0]
     return dict(lr=float(group["lr"]), betas=group["betas"], eps=group["eps"])
@@ -607,28 +921,39 @@ def choose_fast_paths(
     if not enabled:
         return FastPaths(False, None, {"acting": plain_acting, "update": plain_update}), []
     lines = []
+    uncarried = uncarried_state(agent, optimizer)
     # The checks run the user's code, which may draw random numbers (dropout, say): the run's streams must not move
     device = next(agent.parameters()).device
     numpy_state = np.random.get_state()  # noqa: NPY002 (the global stream a user's code may draw from)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        acting_problem = check_acting(agent, agent.obs_dim, agent.act_dim)
-        update_problem = check_update(agent, optimizer, agent.obs_dim, loss_settings, decoupled, plain)
+        acting_problem = uncarried.get("acting") or check_acting(agent, agent.obs_dim, agent.act_dim)
+        loss_problem = (
+            None if "update" in uncarried else check_loss_gradient(agent, agent.obs_dim, loss_settings, decoupled)
+        )
+        derive = loss_problem is not None
+        update_problem = uncarried.get("update") or check_update(
+            agent, optimizer, agent.obs_dim, loss_settings, decoupled, plain, derive
+        )
     np.random.set_state(numpy_state)  # noqa: NPY002
     update = None
     if update_problem is None:
-        try:
-            update = StackedUpdate(agent, optimizer)
-        except Exception as e:  # noqa: BLE001 (a resumed optimizer state that does not fit, say)
-            update_problem = (
-                f"building it failed ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+        if derive:
+            lines.append(
+                f"fast update: gae.ppo_loss is not the stock loss ({loss_problem}); its gradient is derived by autograd"
             )
+        try:
+            update = StackedUpdate(agent, optimizer, derive)
+        except Exception as e:  # noqa: BLE001 (a resumed optimizer state that does not fit, say)
+            update_problem = f"building it failed ({failure(e)})"
     if acting_problem:
         lines.append(f"fast acting off: {acting_problem}; acting with torch through Agent.get_distribution")
     if update_problem:
         optimizer_name = f"torch.optim.{type(optimizer).__name__}"
         lines.append(f"fast update off: {update_problem}; training with loss.backward() and {optimizer_name}")
     used = {
-        "acting": plain_acting if acting_problem else "numpy (NumpyActor, checked against Agent.get_distribution)",
-        "update": plain_update if update_problem else "StackedUpdate (checked against autograd and torch.optim.Adam)",
+        "acting": plain_acting if acting_problem else "numpy (NumpyActor, audited against Agent.get_distribution)",
+        "update": plain_update if update_problem else "StackedUpdate (audited against autograd and torch.optim.Adam)",
     }
+    if update is not None:
+        used["loss gradient"] = LOSS_GRADIENT_DERIVED if derive else LOSS_GRADIENT_WRITTEN
     return FastPaths(acting_problem is None, update, used), lines

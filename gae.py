@@ -80,8 +80,6 @@ class PPOLoss(NamedTuple):
     logratio: torch.Tensor  # log(pi_new / pi_old) per sample
     ratio: torch.Tensor
     clip_coef: float
-    logprob_grad: torch.Tensor | None = None  # d loss / d new_logprob per sample (ppo_loss(..., with_grads=True))
-    value_grad: torch.Tensor | None = None  # d loss / d new_values per sample (likewise)
 
     # The diagnostics are computed when read: the update reads them once per epoch, not once per minibatch.
     @property
@@ -113,7 +111,6 @@ def ppo_loss(
     norm_adv: bool = True,
     behaviour_logprob: torch.Tensor | None = None,
     max_is_weight: float = 100.0,
-    with_grads: bool = False,
 ) -> PPOLoss:
     """Clipped surrogate + (optionally clipped) value loss - entropy bonus, for one minibatch.
 
@@ -122,12 +119,10 @@ def ppo_loss(
     objective becomes decoupled PPO (Hilton et al. 2021), in which w = pi_old / pi_behaviour, truncated at
     `max_is_weight` as in V-trace, corrects for the staleness and the clip stays anchored to the recent `old_logprob`.
 
-    `with_grads=True` also returns the loss's gradient with respect to `new_logprob` and `new_values`, written out
-    (fast_paths.StackedUpdate's written-out backward starts from them; tests/test_gae.py checks them against
-    autograd).
-    The entropy's gradient is not among them: it depends on the policy's parametrization, not on the samples.
+    This is the one definition of the loss. fast_paths.StackedUpdate differentiates it by autograd too (with respect
+    to `new_logprob`, `new_values` and `entropy`), so an edit here that stays a function of these arguments is exact
+    on the fast path as well.
     """
-    n = new_logprob.numel()
     if norm_adv and advantages.numel() > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
 
@@ -137,15 +132,9 @@ def ppo_loss(
     unclipped = neg_advantages * ratio
     clipped = neg_advantages * ratio.clamp(1.0 - clip_coef, 1.0 + clip_coef)
     surrogate = torch.max(unclipped, clipped)
-    logprob_grad = value_grad = None
-    if with_grads:
-        # d/d log pi of -A r is -A r. The max passes it on where the unclipped term is the larger (inside the clip
-        # range the two are equal, and autograd's halves of a tie add up to the whole); the clamped term has none.
-        logprob_grad = unclipped * (unclipped >= clipped) * (1.0 / n)
     if behaviour_logprob is not None:
         is_weight = (old_logprob - behaviour_logprob).exp().clamp(max=max_is_weight).detach()
         surrogate = surrogate * is_weight
-        logprob_grad = None if logprob_grad is None else logprob_grad * is_weight
     policy_loss = surrogate.mean()
 
     error = new_values - returns
@@ -154,17 +143,14 @@ def ppo_loss(
         step_clipped = step.clamp(-clip_coef, clip_coef)
         squared, squared_clipped = error**2, (old_values + step_clipped - returns) ** 2
         value_loss = 0.5 * torch.max(squared, squared_clipped).mean()
-        if with_grads:  # the clipped term has a gradient only inside the clip, where it equals the unclipped one
-            value_grad = error * ((squared >= squared_clipped) | (step == step_clipped)) * (vf_coef / n)
     else:
         value_loss = 0.5 * (error**2).mean()
-        value_grad = error * (vf_coef / n) if with_grads else None
 
     entropy_mean = entropy.mean()
     loss = policy_loss + vf_coef * value_loss
     if ent_coef:  # CleanRL's default is 0: no entropy term in the graph then (fewer ops per minibatch, same gradient)
         loss = loss - ent_coef * entropy_mean
-    return PPOLoss(loss, policy_loss, value_loss, entropy_mean, logratio, ratio, clip_coef, logprob_grad, value_grad)
+    return PPOLoss(loss, policy_loss, value_loss, entropy_mean, logratio, ratio, clip_coef)
 
 
 def mean_clipfrac(ratios: list[torch.Tensor], clip_coef: float) -> float:

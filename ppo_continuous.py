@@ -27,10 +27,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn, optim
-from torch.distributions import Categorical, Distribution, Independent, Normal
+from torch.distributions import Categorical, Distribution, Independent, Normal, TransformedDistribution
 
 import run_utils
-from fast_paths import FastPaths, NumpyActor, categorical_draw, choose_fast_paths
+from fast_paths import FastPaths, NumpyActor, audit_acting, categorical_draw, choose_fast_paths
 from gae import (
     DiscountedReturn,
     PPOLoss,
@@ -47,6 +47,7 @@ from gae import (
 )
 from run_utils import (
     PROG,
+    DistributionGap,
     Monitor,
     Policy,
     RunState,
@@ -319,9 +320,29 @@ class TorchActor:
         return logprob.numpy().reshape(obs.shape[:-1])
 
     def best_action(self, obs: np.ndarray) -> np.ndarray:
-        """The distribution's mode: the mean, or the most likely action."""
+        """The distribution's mode: the mean, or the most likely action (see distribution_mode)."""
         with torch.no_grad():
-            return self.agent.get_distribution(torch.from_numpy(np.asarray(obs, np.float32))).mode.numpy()
+            return distribution_mode(self.agent.get_distribution(torch.from_numpy(np.asarray(obs, np.float32)))).numpy()
+
+
+def distribution_mode(dist: Distribution) -> torch.Tensor:
+    """The action that "mean action" evaluation takes: the distribution's mode. A transformed distribution without one
+    (a tanh-squashed Gaussian, say) takes its base distribution's mode through the transforms, as SAC's evaluation
+    does. Any other distribution without a mode is a DistributionGap."""
+    try:
+        return dist.mode
+    except NotImplementedError:
+        if isinstance(dist, Independent):
+            return distribution_mode(dist.base_dist)
+        if isinstance(dist, TransformedDistribution):
+            action = distribution_mode(dist.base_dist)
+            for transform in dist.transforms:
+                action = transform(action)
+            return action
+        raise DistributionGap(
+            f"the policy's {type(dist).__name__} has no mode, which mean-action evaluation and predict need: give it "
+            "one, or return a distribution that has one from Agent.get_distribution"
+        ) from None
 
 
 def make_actor(agent: Agent, fast: bool) -> NumpyActor | TorchActor:
@@ -448,6 +469,9 @@ class Sampler:
                     final_obs.append(self.normalize(last_obs))
                     final_index.append((step, i))
         logprobs = self.policy.log_prob(obs, actions, noise).astype(np.float32)
+        acted_fast = isinstance(self.policy, NumpyActor)
+        # The numpy actor is audited on the observations it acted on (as acted: before NaN rows are marked)
+        audit, problem = audit_acting(self.policy, self.agent, obs, actions, logprobs) if acted_fast else (np.nan, None)
         obs[~np.isfinite(raw_obs[:num_steps]).all(axis=-1)] = np.nan
         ended = terminations | truncations
         episode_returns, episode_lengths = self.finished_episodes(rewards, ended)
@@ -469,6 +493,9 @@ class Sampler:
             "obs_count": np.array(obs_count),
             "episode_returns": np.array(episode_returns),
             "episode_lengths": np.array(episode_lengths),
+            "acted_fast": np.array(acted_fast),
+            "acting_audit": np.array(audit),
+            "acting_problem": np.array(problem or ""),
             "policy_version": np.array(self.version),
             "sample_seconds": np.array(time.perf_counter() - start),
         }
@@ -649,11 +676,28 @@ def clip_gradients(gradients: list[torch.Tensor], max_norm: float) -> float:
     return norm
 
 
-def ppo_update(learner: Learner, batch: dict, args: Args, ent_coef: float) -> tuple[dict, str | None]:
+def audited_loss_and_gradients(learner: Learner, minibatch: dict, loss_kwargs: dict, iteration: int) -> PPOLoss:
+    """An update's first minibatch, on the fast path and the plain one (fast_paths.StackedUpdate.audit): where the
+    stacked update differs from autograd through the live Agent and ppo_loss, the update moves to the plain path
+    before its first step, and that step uses the plain gradient."""
+    fast = learner.fast
+    stats, difference, reason, loss_reason = fast.update.audit(
+        minibatch, loss_kwargs, loss_and_gradients, learner.optimizer
+    )
+    fast.differences["update"] = difference
+    if loss_reason is not None:
+        print(f"{PROG}: {fast.step_aside('loss gradient', iteration, loss_reason, learner.optimizer)}", file=sys.stderr)
+    if reason is not None:
+        print(f"{PROG}: {learner.fast.step_aside('update', iteration, reason, learner.optimizer)}", file=sys.stderr)
+    return stats
+
+
+def ppo_update(learner: Learner, batch: dict, args: Args, ent_coef: float, iteration: int) -> tuple[dict, str | None]:
     """--update-epochs passes over shuffled minibatches of the samples the guard kept. Returns the statistics of the
-    last minibatch (as CleanRL logs them) and a problem string when the loss or a gradient went non-finite."""
+    last minibatch (as CleanRL logs them) and a problem string when the loss or a gradient went non-finite.
+    `iteration` (1-based) names the update in the audit's line."""
     agent = learner.agent
-    fast_update = learner.fast.update
+    audit = learner.fast.update is not None  # the first minibatch runs both ways, on this batch's own data
     kept = len(batch["advantages"])
     if kept < batch["size"] / 2:
         return {}, f"only {kept} of {batch['size']} samples are usable (NaN/inf data or outlier advantages)"
@@ -673,7 +717,11 @@ def ppo_update(learner: Learner, batch: dict, args: Args, ent_coef: float) -> tu
                 continue
             *vector_rows, number_rows = packed.index_select(0, indices).split(widths, 1)
             minibatch = dict(zip(vectors, vector_rows)) | dict(zip(numbers, number_rows.unbind(1)))
-            if fast_update is not None:
+            fast_update = learner.fast.update
+            if audit:
+                stats = audited_loss_and_gradients(learner, minibatch, loss_kwargs, iteration)
+                fast_update, audit = learner.fast.update, False
+            elif fast_update is not None:
                 stats = fast_update.loss_and_gradients(minibatch, **loss_kwargs)
             else:
                 stats = loss_and_gradients(agent, learner.optimizer, minibatch, **loss_kwargs)
@@ -703,6 +751,24 @@ def ppo_update(learner: Learner, batch: dict, args: Args, ent_coef: float) -> tu
         "losses/clipfrac": mean_clipfrac(ratios, args.clip_coef),
         "losses/explained_variance": explained_variance(values, returns),
     }, None
+
+
+def discard_wrongly_acted(learner: Learner, rollouts: list[dict], iteration: int, counters: dict) -> bool:
+    """Read the samplers' audits of their numpy actors (fast_paths.audit_acting, on each rollout's own observations).
+    True when one acted otherwise than Agent: then none of these rollouts is trained on (sampling again keeps PPO's
+    ratio anchored to the policy that acted; rescoring the actions with Agent would not), their steps and episodes
+    still count, as DPPO's dropped rollouts do, and acting moves to torch for the rest of the run."""
+    audits = [float(r["acting_audit"]) for r in rollouts if np.isfinite(r["acting_audit"])]
+    if audits:
+        learner.fast.differences["acting"] = max(audits)
+    problems = [str(r["acting_problem"]) for r in rollouts if str(r["acting_problem"])]
+    if not problems:
+        return False
+    counters["discarded_rollouts"] += len(rollouts)
+    if learner.fast.acting:
+        reason = f"{problems[0]}; its rollout is discarded and sampled again"
+        print(f"{PROG}: {learner.fast.step_aside('acting', iteration, reason, learner.optimizer)}", file=sys.stderr)
+    return True
 
 
 def load_policy(path: str) -> Policy:
@@ -740,13 +806,16 @@ def train(args: Args) -> int:
     with TrainingLoop(run_dir) as loop:
         while state.iteration < args.num_iterations and loop.signum is None:
             ent_coef = anneal(learner.optimizer, args, state.iteration + 1)
-            sampler.set_policy(policy_weights(learner), state.iteration)
-            rollout = sampler.rollout(args.num_steps)
-            state.global_step += rollout["rewards"].size
-            monitor.episodes(rollout)
-            update_statistics(rollout, learner, args)
+            discarded = True
+            while discarded:  # a rollout that a wrong actor acted on is sampled again, acting with torch
+                sampler.set_policy(policy_weights(learner), state.iteration)
+                rollout = sampler.rollout(args.num_steps)
+                state.global_step += rollout["rewards"].size
+                monitor.episodes(rollout)
+                update_statistics(rollout, learner, args)
+                discarded = discard_wrongly_acted(learner, [rollout], state.iteration + 1, state.counters)
             batch = prepare_batch(learner, rollout, args)
-            stats, problem = ppo_update(learner, batch, args, ent_coef)
+            stats, problem = ppo_update(learner, batch, args, ent_coef, state.iteration + 1)
             state.iteration += 1
             schedules = {"charts/learning_rate": learner.optimizer.param_groups[0]["lr"], "charts/ent_coef": ent_coef}
             updated = monitor.update(stats, problem, batch, schedules)
@@ -754,9 +823,9 @@ def train(args: Args) -> int:
                 save_checkpoint()
     if loop.keeps_state:
         save_checkpoint()
-    end_run(monitor, loop.status, learner, state, sys.modules[__name__], {})
+    eval_failed = end_run(monitor, loop.status, learner, state, sys.modules[__name__], {})
     sampler.close()
-    return loop.exit_status()
+    return loop.exit_status() or eval_failed
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import signal
 import socket
 import sys
 import time
+import traceback
 import warnings
 from collections import deque
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ import torch
 import tyro
 from tqdm import tqdm
 
-from fast_paths import FastPaths, check_acting
+from fast_paths import FastPaths
 from gae import RunningMeanStd, normalize_obs
 
 PROG = os.path.basename(sys.argv[0]) if sys.argv[0].endswith(".py") else "ppo_continuous.py"
@@ -38,6 +39,30 @@ PROG = os.path.basename(sys.argv[0]) if sys.argv[0].endswith(".py") else "ppo_co
 
 class UsageError(Exception):
     """Bad input: reported as one line on stderr with exit status 2."""
+
+
+class DistributionGap(Exception):
+    """The policy's distribution lacks something the run needs (an entropy, a mode): one line saying what to do, exit
+    status 1."""
+
+
+def distribution_gap(e: NotImplementedError) -> DistributionGap | None:
+    """What torch.distributions left unimplemented, when that is where `e` comes from (its message is empty)."""
+    frames = [frame for frame, _ in traceback.walk_tb(e.__traceback__)]
+    inside = [f for f in frames if f"torch{os.sep}distributions" in f.f_code.co_filename]
+    if not inside:
+        return None
+    frame = inside[-1]
+    owner = frame.f_locals.get("self")
+    what = frame.f_code.co_name.strip("_")
+    name = f"{type(owner).__name__}.{what}" if owner is not None else what
+    advice = {
+        "entropy": "make Agent.evaluate return an estimate instead, for example -log_prob(action) (README, Changing "
+        "the algorithm: the tanh-squashed Gaussian)",
+        "mode": "give the distribution a mode, or return one that has one from Agent.get_distribution",
+        "mean": "give the distribution a mean, or return one that has one from Agent.get_distribution",
+    }.get(what, "implement it, or return a distribution that has it from Agent.get_distribution")
+    return DistributionGap(f"the policy's distribution has no {what} ({name} is not implemented): {advice}")
 
 
 class BadBatchError(Exception):
@@ -382,8 +407,10 @@ class Monitor:
         self.state = state
         self.act_dim = act_dim
         self.writer = start_run(args, run_dir, resumed_at=state.global_step if args.resume else None)
+        self.fast = fast
         self.writer.add_text("fast_paths", fast.table())
-        for key in ("bad_batches", "dropped_samples"):
+        self.switches_written = 0
+        for key in ("bad_batches", "dropped_samples", "discarded_rollouts"):
             state.counters.setdefault(key, 0)
         self.recent_returns: deque[float] = deque(maxlen=100)
         self.history: dict[str, list[float]] = {"entropy": [], "approx_kl": [], "explained_variance": []}
@@ -439,8 +466,11 @@ class Monitor:
             return False
         self.bad_in_a_row = 0
         sps = int((global_step - self.start_step) / (time.time() - self.start_time))
-        for tag, value in (stats | extra | {"charts/SPS": sps}).items():
+        for tag, value in (stats | extra | self.fast.scalars() | {"charts/SPS": sps}).items():
             self.writer.add_scalar(tag, value, global_step)
+        if len(self.fast.switches) > self.switches_written:  # a part stepped aside: the table says since when
+            self.switches_written = len(self.fast.switches)
+            self.writer.add_text("fast_paths", self.fast.table(), global_step)
         if self.recent_returns:
             self.writer.add_histogram("charts/episodic_return_hist", np.array(self.recent_returns), global_step)
         for key in self.history:
@@ -564,10 +594,11 @@ class Policy:
     action = policy.predict(obs)           # one observation or a batch
     """
 
-    def __init__(self, agent, obs_rms: RunningMeanStd, saved_args: dict, script, fast_path: bool = True):
-        fast = fast_path and check_acting(agent, agent.obs_dim, agent.act_dim) is None
-        self.agent = copy.deepcopy(agent).cpu()
-        self.actor = script.make_actor(self.agent, fast)
+    def __init__(self, agent, obs_rms: RunningMeanStd, saved_args: dict, script):
+        # The saved network itself, in eval() mode (a random layer gives the same action twice): a policy acts on
+        # inputs no start-up check has seen, so no fast path stands in here
+        self.agent = copy.deepcopy(agent).cpu().eval()
+        self.actor = script.make_actor(self.agent, False)
         self.env_id = saved_args["env_id"]
         self.obs_clip = saved_args["obs_clip"]
         self.obs_mean = obs_rms.mean if saved_args["norm_obs"] else None
@@ -631,7 +662,7 @@ def run_eval_checkpoint(args, script) -> None:
     quiet_mujoco_log()
     ckpt = load_checkpoint(args.eval_checkpoint)
     agent, obs_rms = agent_from_checkpoint(ckpt, args.eval_checkpoint, script)
-    policy = Policy(agent, obs_rms, ckpt["args"], script, args.fast_path)
+    policy = Policy(agent, obs_rms, ckpt["args"], script)
     returns = evaluate(policy, args.eval_episodes, args.seed)
     print(
         f"{policy.env_id}: mean return {returns.mean():.2f} ± {returns.std():.2f} over {len(returns)} episodes "
@@ -642,18 +673,28 @@ def run_eval_checkpoint(args, script) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 # The end of a run and the command line
 # ---------------------------------------------------------------------------------------------------------------------
-def end_run(monitor: Monitor, status: str, learner, state: RunState, script, extra: dict) -> None:
+def end_run(monitor: Monitor, status: str, learner, state: RunState, script, extra: dict) -> int:
     """After training: the model and its evaluation (with --save-model, when the run completed), summary.json, and one
-    closing line on stdout (--quiet included): where the run went, how it ended and what to run next."""
+    closing line on stdout (--quiet included): where the run went, how it ended and what to run next. Returns 1 when
+    the saved model could not be evaluated (the files and the closing line are written all the same), else 0."""
     args, run_dir = monitor.args, monitor.run_dir
     model_path = os.path.join(run_dir, f"{args.exp_name}.model")
+    eval_error = None
     if status == "completed" and args.save_model:
         save_atomic(policy_state(learner.agent, learner.obs_rms, args, state.global_step), model_path)
-        policy = Policy(learner.agent, learner.obs_rms, dataclasses.asdict(args), script, args.fast_path)
-        returns = evaluate(policy, args.eval_episodes, args.seed + 10**6)
-        for idx, episodic_return in enumerate(returns):
-            monitor.writer.add_scalar("eval/episodic_return", episodic_return, idx)
-        print(f"model saved to {model_path}; eval return {returns.mean():.2f} ± {returns.std():.2f}")
+        try:
+            policy = Policy(learner.agent, learner.obs_rms, dataclasses.asdict(args), script)
+            returns = evaluate(policy, args.eval_episodes, args.seed + 10**6)
+        except Exception as e:  # noqa: BLE001 (an edited policy that cannot act: the run's files must still be written)
+            gap = distribution_gap(e) if isinstance(e, NotImplementedError) else None
+            eval_error = str(gap or e).splitlines()[0] if str(gap or e).strip() else type(e).__name__
+            print(
+                f"{PROG}: error: model saved to {model_path}, but evaluating it failed: {eval_error}", file=sys.stderr
+            )
+        else:
+            for idx, episodic_return in enumerate(returns):
+                monitor.writer.add_scalar("eval/episodic_return", episodic_return, idx)
+            print(f"model saved to {model_path}; eval return {returns.mean():.2f} ± {returns.std():.2f}")
     monitor.progress.close()
     summary = {
         "status": status,
@@ -667,6 +708,8 @@ def end_run(monitor: Monitor, status: str, learner, state: RunState, script, ext
         "num_last_episodes": len(monitor.recent_returns),
         **state.counters,
         "fast_paths": learner.fast.used,
+        "fast_path_switches": learner.fast.switches,
+        **({"eval_error": eval_error} if eval_error else {}),
         **extra,
         "torch_version": torch.__version__,
         "gymnasium_version": gym.__version__,
@@ -683,6 +726,7 @@ def end_run(monitor: Monitor, status: str, learner, state: RunState, script, ext
     elif status == "completed" and args.save_model:
         line += f"; evaluate with: python {PROG} --eval-checkpoint {model_path}"
     print(line, flush=True)
+    return 1 if eval_error else 0
 
 
 def cli(args_type: type, validate, train, script) -> int:
@@ -709,3 +753,9 @@ def cli(args_type: type, validate, train, script) -> int:
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    except (DistributionGap, NotImplementedError) as e:
+        gap = distribution_gap(e) if isinstance(e, NotImplementedError) else e
+        if gap is None:
+            raise
+        print(f"{PROG}: error: {gap}", file=sys.stderr)
+        return 1

@@ -48,8 +48,8 @@ def profile_update(args: ppo.Args, obs_dim: int, act_dim: int, repeats: int) -> 
     ppo.start_fast_paths(fast, args)
     ppo.start_fast_paths(plain, dataclasses.replace(args, fast_path=False))
     minibatches = args.update_epochs * args.num_minibatches
-    stacked = best_seconds(lambda: ppo.ppo_update(fast, batch, args, args.ent_coef), repeats)
-    textbook = best_seconds(lambda: ppo.ppo_update(plain, batch, args, args.ent_coef), repeats)
+    stacked = best_seconds(lambda: ppo.ppo_update(fast, batch, args, args.ent_coef, 1), repeats)
+    textbook = best_seconds(lambda: ppo.ppo_update(plain, batch, args, args.ent_coef, 1), repeats)
     return dict(stacked_ms=1000 * stacked / minibatches, plain_ms=1000 * textbook / minibatches)
 
 

@@ -592,11 +592,11 @@ def test_stacked_update_computes_what_the_plain_update_computes():
     batch = random_batch(256, 11, 3, False)
     torch.manual_seed(7)
     learner = ppo_continuous.Learner(agent, optimizer, None, None, fast)
-    stats, problem = ppo_continuous.ppo_update(learner, batch, args, 0.01)
+    stats, problem = ppo_continuous.ppo_update(learner, batch, args, 0.01, 1)
     torch.manual_seed(7)
     torch_adam = torch.optim.Adam(reference.parameters(), lr=args.learning_rate, eps=1e-5)
     plain_learner = ppo_continuous.Learner(reference, torch_adam, None, None)
-    plain_stats, plain_problem = ppo_continuous.ppo_update(plain_learner, batch, args, 0.01)
+    plain_stats, plain_problem = ppo_continuous.ppo_update(plain_learner, batch, args, 0.01, 1)
     assert problem is None and plain_problem is None and stats["losses/value_loss"] > 0
     for key, value in plain_stats.items():
         assert value == pytest.approx(stats[key], rel=1e-3, abs=1e-5), key

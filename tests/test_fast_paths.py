@@ -1,0 +1,368 @@
+"""fast_paths.py's audit on the run's own data and its loss gradient: each check against an independent reference (autograd
+through the Agent and gae.ppo_loss, or a hand-made case), and each way a fast path steps aside with its reason."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.distributions import Independent, Normal, TanhTransform, TransformedDistribution
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import fast_paths  # noqa: E402
+import gae  # noqa: E402
+import ppo_continuous  # noqa: E402
+import run_utils  # noqa: E402
+
+SETTINGS = dict(clip_coef=0.2, clip_vloss=True, ent_coef=0.0, vf_coef=0.5, norm_adv=True)
+PLAIN = (ppo_continuous.loss_and_gradients, ppo_continuous.clip_gradients)
+
+
+def perturbed_agent(obs_dim: int = 5, act_dim: int = 2, seed: int = 0) -> ppo_continuous.Agent:
+    torch.manual_seed(seed)
+    agent = ppo_continuous.Agent(obs_dim, act_dim)
+    with torch.no_grad():
+        for p in agent.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return agent
+
+
+def random_batch(n: int, obs_dim: int, act_dim: int, obs_scale: float = 1.0) -> dict:
+    g = torch.Generator().manual_seed(3)
+    batch = dict(obs=obs_scale * torch.randn(n, obs_dim, generator=g), actions=torch.randn(n, act_dim, generator=g))
+    batch |= {k: torch.randn(n, generator=g) for k in ("advantages", "values", "returns")}
+    return batch | dict(logprobs=torch.randn(n, generator=g) - 3, size=n, non_finite=0, outliers=0)
+
+
+def loss_inputs(seed: int, n: int = 64, dtype=torch.float64) -> dict:
+    """Per-sample inputs where the policy clip and the value clip are each active for some samples, not others."""
+    rng = np.random.default_rng(seed)
+
+    def t(scale=1.0):
+        return torch.tensor(rng.normal(scale=scale, size=n), dtype=dtype)
+
+    old_logprob, old_values = t(), t()
+    minibatch = dict(logprobs=old_logprob, advantages=t(), values=old_values, returns=t())
+    per_sample = (old_logprob + t(0.5), old_values + t(0.5), t().abs())
+    return minibatch, per_sample
+
+
+@pytest.mark.parametrize("clip_vloss", [False, True])
+@pytest.mark.parametrize("norm_adv", [False, True])
+@pytest.mark.parametrize("behaviour", [False, True])
+@pytest.mark.parametrize("ent_coef", [0.0, 0.01])
+def test_the_written_out_loss_gradient_equals_autograd_over_gae_ppo_loss(clip_vloss, norm_adv, behaviour, ent_coef):
+    """written_loss_gradients against torch.autograd.grad of gae.ppo_loss itself, in float64, on data that takes both
+    sides of both clips (and of decoupled PPO's weight cap)."""
+    minibatch, (new_logprob, new_values, entropy) = loss_inputs(5)
+    ratio_step = (new_logprob - minibatch["logprobs"]).exp() - 1
+    for step in (ratio_step, new_values - minibatch["values"]):
+        assert (step.abs() > 0.2).any() and (step.abs() < 0.2).any()
+    if behaviour:
+        minibatch["behaviour_logprobs"] = minibatch["logprobs"] + torch.tensor(np.linspace(-6, 1, 64))
+    kw = SETTINGS | dict(clip_vloss=clip_vloss, norm_adv=norm_adv, ent_coef=ent_coef, vf_coef=0.7)
+    leaves = [x.clone().requires_grad_() for x in (new_logprob, new_values, entropy)]
+    reference = gae.ppo_loss(
+        leaves[0],
+        minibatch["logprobs"],
+        minibatch["advantages"],
+        leaves[1],
+        minibatch["values"],
+        minibatch["returns"],
+        leaves[2],
+        behaviour_logprob=minibatch.get("behaviour_logprobs"),
+        **kw,
+    )
+    expected = torch.autograd.grad(reference.loss, leaves, allow_unused=True)
+    stats = fast_paths.ppo_loss_of(new_logprob, new_values, entropy, minibatch, kw)
+    written = fast_paths.written_loss_gradients(stats, minibatch, new_values, kw)
+    derived = fast_paths.derived_loss_gradients(new_logprob, new_values, entropy, minibatch, kw)[1]
+    for got in (written, derived):
+        for g, e in zip(got, expected):
+            if e is None:
+                assert g is None or not g.any()
+            else:
+                np.testing.assert_allclose(g.numpy(), e.numpy(), atol=1e-12)
+    assert (written[0] == 0).any() and (written[0] != 0).any()  # the policy clip cuts some samples' gradient
+
+
+def test_the_written_out_value_gradient_follows_autograd_where_rounding_splits_the_tie():
+    """Inside the value clip old + (new - old) is new up to rounding, which in float32 near 0 often makes the clipped
+    square the larger: autograd then differentiates that branch, and so must the written-out gradient."""
+    g = torch.Generator().manual_seed(0)
+    old, new, returns = (0.1 * torch.randn(4096, generator=g) for _ in range(3))
+    step = new - old
+    rounded_up = ((old + step.clamp(-0.2, 0.2) - returns) ** 2 > (new - returns) ** 2) & (step.abs() < 0.2)
+    assert rounded_up.sum() > 100
+    zeros = torch.zeros(4096)
+    minibatch = dict(logprobs=zeros, advantages=zeros, values=old, returns=returns)
+    kw = SETTINGS | dict(norm_adv=False)
+    stats = fast_paths.ppo_loss_of(zeros, new, zeros, minibatch, kw)
+    written = fast_paths.written_loss_gradients(stats, minibatch, new, kw)[1]
+    derived = fast_paths.derived_loss_gradients(zeros, new, zeros, minibatch, kw)[1][1]
+    torch.testing.assert_close(written, derived, rtol=1e-4, atol=1e-9)
+
+
+def dual_clip_loss(new_logprob, old_logprob, advantages, new_values, old_values, returns, entropy, **kw):
+    """Dual-clip PPO (Ye et al. 2020) with a Huber value loss, as a researcher writes it into gae.ppo_loss."""
+    clip_coef, vf_coef, ent_coef = kw["clip_coef"], kw["vf_coef"], kw["ent_coef"]
+    if kw.get("norm_adv", True) and advantages.numel() > 1:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    logratio = new_logprob - old_logprob
+    ratio = logratio.exp()
+    surrogate = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef))
+    surrogate = torch.where(advantages < 0, torch.min(surrogate, -3.0 * advantages), surrogate)
+    policy_loss = surrogate.mean()
+    value_loss = torch.nn.functional.huber_loss(new_values, returns)
+    entropy_mean = entropy.mean()
+    loss = policy_loss + vf_coef * value_loss - ent_coef * entropy_mean
+    return gae.PPOLoss(loss, policy_loss, value_loss, entropy_mean, logratio, ratio, clip_coef)
+
+
+@pytest.mark.parametrize("ent_coef", [0.0, 0.02])
+def test_an_edited_loss_keeps_the_stacked_update_and_trains_exactly_as_autograd(monkeypatch, ent_coef):
+    """A loss edited in gae.ppo_loss is a function of its per-sample inputs: the stacked update derives its gradient
+    by autograd (one line says so) and trains the same parameters as the plain path over a whole update."""
+    monkeypatch.setattr(fast_paths, "ppo_loss", dual_clip_loss)
+    monkeypatch.setattr(ppo_continuous, "ppo_loss", dual_clip_loss)
+    args = ppo_continuous.Args(update_epochs=3, num_minibatches=4, learning_rate=1e-3, ent_coef=ent_coef)
+    agent = perturbed_agent(11, 3)
+    reference = copy.deepcopy(agent)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    settings = [ppo_continuous.loss_settings(args, ent_coef)]
+    fast, lines = fast_paths.choose_fast_paths(agent, optimizer, settings, False, True, PLAIN)
+    assert fast.update is not None and fast.update.derive_loss_gradient
+    assert len(lines) == 1 and "is not the stock loss" in lines[0] and " off: " not in lines[0], lines
+    assert fast.used["loss gradient"].startswith("derived by autograd")
+    batch = random_batch(256, 11, 3)
+    torch.manual_seed(7)
+    stats, problem = ppo_continuous.ppo_update(
+        ppo_continuous.Learner(agent, optimizer, None, None, fast), batch, args, ent_coef, 1
+    )
+    torch.manual_seed(7)
+    plain_optimizer = torch.optim.Adam(reference.parameters(), lr=args.learning_rate, eps=1e-5)
+    plain_learner = ppo_continuous.Learner(reference, plain_optimizer, None, None)
+    plain_stats, plain_problem = ppo_continuous.ppo_update(plain_learner, batch, args, ent_coef, 1)
+    assert problem is None and plain_problem is None and fast.switches == []
+    for key, value in plain_stats.items():
+        assert value == pytest.approx(stats[key], rel=1e-3, abs=1e-5), key
+    for fast_param, plain_param in zip(agent.parameters(), reference.parameters()):
+        torch.testing.assert_close(fast_param, plain_param, rtol=1e-4, atol=1e-5)
+
+
+def test_a_loss_edit_that_binds_only_on_the_runs_data_moves_the_loss_gradient_to_autograd(monkeypatch):
+    """An edit the start-up minibatch (64 rows) cannot see: the first minibatch of the update compares the written-out
+    loss gradient with the derived one, finds it wrong, and the stacked update goes on with the derived gradient
+    before any step, training what the plain path trains."""
+
+    def edited(new_logprob, *rest, **kw):
+        stats = gae.ppo_loss(new_logprob, *rest, **kw)
+        if new_logprob.numel() > 100:  # only minibatches larger than the start-up check's
+            return stats._replace(loss=stats.loss + 0.5 * (new_logprob - rest[0]).pow(2).mean())
+        return stats
+
+    monkeypatch.setattr(fast_paths, "ppo_loss", edited)
+    monkeypatch.setattr(ppo_continuous, "ppo_loss", edited)
+    args = ppo_continuous.Args(update_epochs=2, num_minibatches=2, learning_rate=1e-3, ent_coef=0.0)
+    agent = perturbed_agent(11, 3)
+    reference = copy.deepcopy(agent)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    fast, lines = fast_paths.choose_fast_paths(
+        agent, optimizer, [ppo_continuous.loss_settings(args, 0.0)], False, True, PLAIN
+    )
+    assert lines == [] and not fast.update.derive_loss_gradient
+    batch = random_batch(512, 11, 3)
+    batch["logprobs"] = agent.evaluate(batch["obs"], batch["actions"])[0].detach() - 0.3  # a gradient to the edit
+    torch.manual_seed(7)
+    ppo_continuous.ppo_update(ppo_continuous.Learner(agent, optimizer, None, None, fast), batch, args, 0.0, 4)
+    assert fast.update is not None and fast.update.derive_loss_gradient
+    assert [s["part"] for s in fast.switches] == ["loss gradient"] and fast.switches[0]["iteration"] == 4
+    assert "log-probabilities" in fast.switches[0]["reason"]
+    torch.manual_seed(7)
+    plain_optimizer = torch.optim.Adam(reference.parameters(), lr=args.learning_rate, eps=1e-5)
+    ppo_continuous.ppo_update(ppo_continuous.Learner(reference, plain_optimizer, None, None), batch, args, 0.0, 4)
+    for fast_param, plain_param in zip(agent.parameters(), reference.parameters()):
+        torch.testing.assert_close(fast_param, plain_param, rtol=1e-4, atol=1e-5)
+
+
+def test_a_gradient_hook_added_during_the_run_moves_the_update_to_autograd_before_a_wrong_step():
+    """A hook the start-up check never saw (registered after it): the audit's plain side runs autograd through the
+    live Agent, hooks included, so the first minibatch differs; the update steps aside before stepping, with Adam's
+    moments handed to torch.optim.Adam, and the whole update equals the plain path's."""
+    args = ppo_continuous.Args(update_epochs=2, num_minibatches=4, learning_rate=1e-3, ent_coef=0.0)
+    agent = perturbed_agent(11, 3)
+    reference = copy.deepcopy(agent)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    plain_optimizer = torch.optim.Adam(reference.parameters(), lr=args.learning_rate, eps=1e-5)
+    fast, _ = fast_paths.choose_fast_paths(
+        agent, optimizer, [ppo_continuous.loss_settings(args, 0.0)], False, True, PLAIN
+    )
+    learner = ppo_continuous.Learner(agent, optimizer, None, None, fast)
+    plain_learner = ppo_continuous.Learner(reference, plain_optimizer, None, None)
+    batch = random_batch(256, 11, 3)
+    for i, (learner_, seed) in enumerate([(learner, 7), (plain_learner, 7)]):
+        torch.manual_seed(seed)
+        ppo_continuous.ppo_update(learner_, batch, args, 0.0, 1)  # one update on the fast path, audited and equal
+    assert fast.update is not None and fast.differences["update"] < fast_paths.TOLERANCE
+    for model in (agent, reference):
+        for p in model.parameters():
+            p.register_hook(lambda g: g * 0.5)
+    for learner_ in (learner, plain_learner):
+        torch.manual_seed(8)
+        ppo_continuous.ppo_update(learner_, batch, args, 0.0, 2)
+    assert fast.update is None and [s["iteration"] for s in fast.switches] == [2]
+    assert "gradient of" in fast.switches[0]["reason"] and fast.used["update"].startswith("autograd")
+    for fast_param, plain_param in zip(agent.parameters(), reference.parameters()):
+        torch.testing.assert_close(fast_param, plain_param, rtol=1e-4, atol=1e-5)
+    for state, plain_state in zip(
+        optimizer.state_dict()["state"].values(), plain_optimizer.state_dict()["state"].values()
+    ):
+        assert int(state["step"]) == int(plain_state["step"])
+        torch.testing.assert_close(state["exp_avg"], plain_state["exp_avg"], rtol=1e-3, atol=1e-8)
+
+
+class ClampedAgent(ppo_continuous.Agent):
+    """An input clamp that binds only beyond 5: never on the start-up check's N(0, 1) observations."""
+
+    def get_distribution(self, x):
+        return super().get_distribution(x.clamp(-5, 5))
+
+    def get_value(self, x):
+        return super().get_value(x.clamp(-5, 5))
+
+
+def test_the_acting_audit_catches_an_input_clamp_that_binds_only_on_real_observations():
+    torch.manual_seed(0)
+    agent = ClampedAgent(3, 1)
+    assert fast_paths.check_acting(agent, 3, 1) is None  # the start-up check cannot see it
+    actor = fast_paths.NumpyActor(agent)
+    rng = np.random.default_rng(0)
+    for scale, binds in ((1.0, False), (8.0, True)):
+        obs = (rng.normal(size=(256, 2, 3)) * np.array([1.0, 1.0, scale])).astype(np.float32)
+        obs = np.minimum(obs, 4.9) if not binds else obs
+        noise = rng.normal(size=(256, 2, 1))
+        actions = actor.act(obs, noise).astype(np.float32)
+        logprobs = actor.log_prob(obs, actions, noise).astype(np.float32)
+        relative, problem = fast_paths.audit_acting(actor, agent, obs, actions, logprobs)
+        if binds:
+            assert relative > fast_paths.TOLERANCE and problem.startswith("its mean differs from Agent"), problem
+        else:
+            assert relative < 1e-5 and problem is None
+
+
+def test_a_log_std_floor_reached_later_is_caught_by_the_acting_audit():
+    """A floor on the log-std that the start-up check's weights never reach: once training drives the log-std past
+    it, the numpy actor's std (and so its log-probabilities) differ from the Agent's."""
+
+    class FlooredAgent(ppo_continuous.Agent):
+        def get_distribution(self, x):
+            mean = self.actor_mean(x)
+            std = self.actor_logstd.clamp(min=-1.0).expand_as(mean).exp()
+            return Independent(Normal(mean, std), 1)
+
+    torch.manual_seed(0)
+    agent = FlooredAgent(3, 2)
+    assert fast_paths.check_acting(agent, 3, 2) is None
+    obs = np.random.default_rng(1).normal(size=(64, 1, 3)).astype(np.float32)
+    noise = np.random.default_rng(2).normal(size=(64, 1, 2))
+    for logstd, caught in ((-0.5, False), (-1.6, True)):
+        with torch.no_grad():
+            agent.actor_logstd.fill_(logstd)
+        actor = fast_paths.NumpyActor(agent)
+        actions = actor.act(obs, noise).astype(np.float32)
+        _, problem = fast_paths.audit_acting(actor, agent, obs, actions, actor.log_prob(obs, actions, noise))
+        assert (problem is not None) == caught, problem
+    assert "std" in problem or "log-probability" in problem
+
+
+@pytest.mark.parametrize(
+    "state, parts, words",
+    [
+        ("dropout", {"acting", "update"}, "a random layer (Dropout) in critic.2"),
+        ("gradient hook", {"update"}, "a gradient hook on actor_logstd and 12 more"),
+        ("forward hook", {"acting", "update"}, "a forward hook on actor_mean.0"),
+        ("optimizer hook", {"update"}, "an optimizer step hook"),
+        ("buffer", {"update"}, "a buffer on scale"),
+    ],
+)
+def test_state_a_fast_path_cannot_carry_means_the_plain_path_with_a_reason_in_words(state, parts, words):
+    agent = perturbed_agent(5, 2)
+    if state == "dropout":
+        agent.critic.insert(2, torch.nn.Dropout(0.1))
+        agent.actor_mean.insert(2, torch.nn.Dropout(0.1))
+    if state == "gradient hook":
+        for p in agent.parameters():
+            p.register_hook(lambda g: g * 0.5)
+    if state == "forward hook":
+        agent.actor_mean[0].register_forward_hook(lambda module, inputs, output: output * 2)
+    if state == "buffer":
+        agent.register_buffer("scale", torch.ones(1))
+    optimizer = torch.optim.Adam(agent.parameters(), eps=1e-5)
+    if state == "optimizer hook":
+        optimizer.register_step_post_hook(lambda opt, args, kwargs: None)
+    found = fast_paths.uncarried_state(agent, optimizer)
+    assert set(found) == parts and all(words in reason for reason in found.values()), found
+    fast, lines = fast_paths.choose_fast_paths(agent, optimizer, [SETTINGS], False, True, PLAIN)
+    assert fast.acting == ("acting" not in parts) and (fast.update is None) == ("update" in parts)
+    assert len(lines) == len(parts) and all(words in line for line in lines), lines
+
+
+def tanh_gaussian(agent: ppo_continuous.Agent, x: torch.Tensor):
+    mean = agent.actor_mean(x)
+    std = agent.actor_logstd.expand_as(mean).exp()
+    return Independent(TransformedDistribution(Normal(mean, std), TanhTransform(cache_size=1)), 1)
+
+
+def test_a_tanh_squashed_gaussian_steps_aside_naming_its_distribution_and_acts_with_tanh_of_the_mean():
+    agent = perturbed_agent(5, 2)
+    agent.get_distribution = lambda x: tanh_gaussian(agent, x)
+    optimizer = torch.optim.Adam(agent.parameters(), eps=1e-5)
+    fast, lines = fast_paths.choose_fast_paths(agent, optimizer, [SETTINGS], False, True, PLAIN)
+    assert not fast.acting and fast.update is None and len(lines) == 2
+    assert all("returns Independent(TransformedDistribution(Normal)), not the diagonal Gaussian" in line for line in lines)
+    obs = np.random.default_rng(0).normal(size=(7, 5)).astype(np.float32)
+    action = ppo_continuous.TorchActor(agent).best_action(obs)
+    with torch.no_grad():
+        expected = torch.tanh(agent.actor_mean(torch.from_numpy(obs))).numpy()
+    np.testing.assert_allclose(action, expected, rtol=1e-6)
+
+
+def test_a_distribution_without_entropy_or_mode_is_one_line_saying_what_to_do():
+    agent = perturbed_agent(5, 2)
+    agent.get_distribution = lambda x: tanh_gaussian(agent, x)
+    obs, actions = torch.zeros(3, 5), torch.zeros(3, 2)
+    with pytest.raises(NotImplementedError) as caught:
+        agent.evaluate(obs, actions)
+    gap = run_utils.distribution_gap(caught.value)
+    assert "has no entropy" in str(gap) and "Agent.evaluate return an estimate" in str(gap), gap
+    assert run_utils.distribution_gap(NotImplementedError("elsewhere")) is None
+
+    class NoMode(torch.distributions.Distribution):
+        arg_constraints: dict = {}
+
+    with pytest.raises(run_utils.DistributionGap, match="has no mode"):
+        ppo_continuous.distribution_mode(NoMode(validate_args=False))
+
+
+def test_a_saved_policy_acts_in_eval_mode_with_the_saved_network():
+    """predict runs the network itself in eval() mode: a Dropout layer gives the same action twice, and an input
+    clamp binds on inputs far from anything the start-up check saw."""
+    agent = ClampedAgent(3, 2)
+    agent.actor_mean.insert(2, torch.nn.Dropout(0.5))
+    agent.action_bounds = [np.full(2, -100.0), np.full(2, 100.0)]
+    obs_rms = gae.RunningMeanStd(shape=(3,))
+    policy = run_utils.Policy(agent, obs_rms, dict(env_id="Pendulum-v1", obs_clip=1e9, norm_obs=False), ppo_continuous)
+    obs = np.random.default_rng(0).normal(size=(32, 3)) * 20
+    first, second = policy.predict(obs), policy.predict(obs)
+    np.testing.assert_array_equal(first, second)
+    with torch.no_grad():
+        agent.eval()
+        expected = agent.actor_mean(torch.tensor(obs, dtype=torch.float32).clamp(-5, 5)).numpy()
+    np.testing.assert_allclose(first, expected, rtol=1e-6)
+    assert policy.agent is not agent
