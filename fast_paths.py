@@ -409,8 +409,8 @@ class StackedUpdate:
         compared |= {f"gradient of {name}": (fast_views[name], plain_grads[name]) for name, _ in named}
         relative, reason = max(worst_of(losses, against, floor=1.0), worst_of(compared, against), key=lambda r: r[0])
         everything = list(losses.values()) + list(compared.values())
-        fast_finite = all(bool(torch.isfinite(fast).all()) for fast, _ in everything)
-        plain_finite = all(bool(torch.isfinite(plain).all()) for _, plain in everything)
+        fast_finite = bool(torch.isfinite(torch.cat([fast.reshape(-1) for fast, _ in everything])).all())
+        plain_finite = bool(torch.isfinite(torch.cat([plain.reshape(-1) for _, plain in everything])).all())
         if reason is None or not (fast_finite or plain_finite):
             self.grads.copy_(fast_grads)
             for name, param in named:

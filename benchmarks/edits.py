@@ -1,5 +1,5 @@
 """Research edits to the scripts, made to a copy of the code: tests/test_edits.py checks that each runs as written, and
-throughput.py's ppo_relu and ppo_third_layer measure two of them.
+throughput.py's ppo_relu, ppo_third_layer, ppo_dual_clip and ppo_huber measure four of them.
 
     from edits import edited_copy
     folder = edited_copy(parent, "relu")      # the repository's modules, with the edit made, in parent/relu
@@ -19,6 +19,26 @@ MLP_LAYERS = """        layer_init(nn.Linear(in_dim, 64)),
         layer_init(nn.Linear(64, 64)),
         nn.Tanh(),
 """
+GET_VALUE = """    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(x).squeeze(-1)
+"""
+GET_DISTRIBUTION = """        \"\"\"The policy at observations x: one distribution over whole action vectors.\"\"\"
+"""
+EVALUATE_RETURN = (
+    "        return dist.log_prob(action.long() if self.discrete else action), dist.entropy(), self.get_value(x)\n"
+)
+GAUSSIAN = "        return Independent(Normal(action_mean, action_std, validate_args=False), 1, validate_args=False)"
+TANH_SQUASHED = """        tanh = torch.distributions.TanhTransform()
+        return Independent(TransformedDistribution(Normal(action_mean, action_std), tanh), 1)"""
+# A squashed action of exactly +-1 has log-probability -inf: the log-probability is taken just inside; the negative
+# log-probability of the action taken estimates the entropy, which a squashed Gaussian has no closed form for
+TANH_EVALUATE_RETURN = """        logprob = dist.log_prob(action.clamp(-1 + 1e-6, 1 - 1e-6))
+        return logprob, -logprob, self.get_value(x)
+"""
+MIXTURE = """        means = torch.stack([action_mean, action_mean + 1], -2)
+        components = Independent(Normal(means, action_std[..., None, :]), 1)
+        weights = torch.distributions.Categorical(logits=torch.zeros(*action_mean.shape[:-1], 2))
+        return torch.distributions.MixtureSameFamily(weights, components)"""
 EDITS = {
     "relu": [("ppo_continuous.py", MLP_LAYERS, MLP_LAYERS.replace("nn.Tanh()", "nn.ReLU()"))],
     "third_hidden_layer": [
@@ -107,6 +127,81 @@ EDITS = {
             "optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-7, betas=(0.8, 0.99))",
         )
     ],
+    # Edits the start-up check cannot see, which the audit on the run's own data must catch (tests/test_edits.py
+    # runs the first two with --no-norm-obs, so that Pendulum's angular velocity reaches past 5)
+    "input_clamp": [
+        (
+            "ppo_continuous.py",
+            GET_VALUE,
+            GET_VALUE.replace("        return", "        x = x.clamp(-5, 5)\n        return"),
+        ),
+        ("ppo_continuous.py", GET_DISTRIBUTION, GET_DISTRIBUTION + "        x = x.clamp(-5, 5)\n"),
+    ],
+    "drift_beyond_4": [  # both fast paths, mirrored wrongly for inputs beyond 4 only
+        (
+            "fast_paths.py",
+            "(lambda x: x @ weight + bias)",
+            "(lambda x: np.where(np.abs(x) > 4, 1.01 * x, x) @ weight + bias)",
+        ),
+        (
+            "fast_paths.py",
+            "        h = obs.expand(2, *obs.shape)",
+            "        h = torch.where(obs.abs() > 4, 1.01 * obs, obs).expand(2, *obs.shape)",
+        ),
+    ],
+    "std_floor": [  # reached only once training has driven the log-std down (the test's flags do that)
+        (
+            "ppo_continuous.py",
+            "        action_std = self.actor_logstd.expand_as(action_mean).exp()",
+            "        action_std = self.actor_logstd.clamp(min=-1.0).expand_as(action_mean).exp()",
+        )
+    ],
+    "gradient_hook": [
+        (
+            "ppo_continuous.py",
+            "    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)\n",
+            "    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)\n"
+            "    for p in agent.parameters():\n        p.register_hook(lambda g: g * 0.5)\n",
+        )
+    ],
+    "dropout": [
+        ("ppo_continuous.py", MLP_LAYERS, MLP_LAYERS.replace("nn.Tanh(),\n", "nn.Tanh(),\n        nn.Dropout(0.1),\n"))
+    ],
+    "tanh_squashed": [  # README's worked example: SAC's squashed Gaussian, with an entropy estimate
+        (
+            "ppo_continuous.py",
+            GAUSSIAN,
+            TANH_SQUASHED,
+        ),
+        ("ppo_continuous.py", EVALUATE_RETURN, TANH_EVALUATE_RETURN),
+    ],
+    "tanh_no_entropy": [  # the same without the entropy estimate: one line saying what to do
+        (
+            "ppo_continuous.py",
+            GAUSSIAN,
+            TANH_SQUASHED,
+        ),
+    ],
+    "mixture_policy": [  # a mixture of two Gaussians: no entropy (an estimate is returned) and no mode
+        ("ppo_continuous.py", GAUSSIAN, MIXTURE),
+        ("ppo_continuous.py", EVALUATE_RETURN, TANH_EVALUATE_RETURN.replace(".clamp(-1 + 1e-6, 1 - 1e-6)", "")),
+    ],
+    # Loss edits: the stacked update derives their gradient by autograd (throughput.py measures these two)
+    "dual_clip": [
+        (
+            "gae.py",
+            "    surrogate = torch.max(unclipped, clipped)\n",
+            "    surrogate = torch.max(unclipped, clipped)\n"
+            "    surrogate = torch.where(advantages < 0, torch.min(surrogate, -3.0 * advantages), surrogate)\n",
+        )
+    ],
+    "huber_value_loss": [
+        (
+            "gae.py",
+            "        value_loss = 0.5 * torch.max(squared, squared_clipped).mean()\n",
+            "        value_loss = torch.nn.functional.huber_loss(new_values, returns)\n",
+        )
+    ],
 }
 # Which fast paths stay on after each edit: (acting, update)
 EXPECTED = {
@@ -114,12 +209,26 @@ EXPECTED = {
     "third_hidden_layer": (True, True),
     "layer_norm": (True, False),  # numpy runs the LayerNorm layers in torch; the stacked update cannot
     "state_dependent_std": (False, False),
-    "extra_loss_term": (True, False),
+    "extra_loss_term": (True, True),  # the loss's gradient derived by autograd
     "shared_trunk": (False, False),
     "sgd": (True, False),
     "tanh_mean": (False, False),
     "silu_wider": (True, True),
     "adam_betas": (True, True),
+    "input_clamp": (False, False),  # at iteration 1, by the audit
+    "drift_beyond_4": (False, False),  # at iteration 1, by the audit
+    "std_floor": (False, False),  # a few iterations in, by the audit
+    "gradient_hook": (True, False),
+    "dropout": (False, False),
+    "tanh_squashed": (False, False),
+    "dual_clip": (True, True),  # the loss's gradient derived by autograd
+    "huber_value_loss": (True, True),
+}
+# The parts that the audit moves to the plain path during the run (the others step aside at start-up, if at all)
+AUDITED = {
+    "input_clamp": {"acting", "update"},
+    "drift_beyond_4": {"acting", "update"},
+    "std_floor": {"acting", "update"},
 }
 
 

@@ -8,6 +8,10 @@
   of the env's shapes. Best of --repeats.
 - The rollout: us per env step of `Sampler.rollout` (what ppo_continuous.py and every DPPO actor run) against the
   bare `env.step` loop with the same envs, and the share of the rollout spent outside `env.step`.
+- The loss's gradient: ms per minibatch of the stacked update with the gradient of gae.ppo_loss derived by autograd
+  (what an edited loss runs) against the written-out gradient of the stock loss.
+- The audit: ms per iteration of the acting audit (on a real rollout) and of the update's audited first minibatch
+  beyond an ordinary one, as a share of the iteration (the rollout plus the update).
 Prints a markdown table; with --out, writes it to that file too.
 """
 
@@ -24,6 +28,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ppo_continuous as ppo  # noqa: E402
+from fast_paths import audit_acting  # noqa: E402
 
 
 def best_seconds(fn, repeats: int) -> float:
@@ -50,7 +55,32 @@ def profile_update(args: ppo.Args, obs_dim: int, act_dim: int, repeats: int) -> 
     minibatches = args.update_epochs * args.num_minibatches
     stacked = best_seconds(lambda: ppo.ppo_update(fast, batch, args, args.ent_coef, 1), repeats)
     textbook = best_seconds(lambda: ppo.ppo_update(plain, batch, args, args.ent_coef, 1), repeats)
-    return dict(stacked_ms=1000 * stacked / minibatches, plain_ms=1000 * textbook / minibatches)
+    derived = ppo.make_learner(args, obs_dim, act_dim, False, torch.device("cpu"))
+    ppo.start_fast_paths(derived, args)
+    derived.fast.update.derive_loss_gradient = True
+    autograd_loss = best_seconds(lambda: ppo.ppo_update(derived, batch, args, args.ent_coef, 1), repeats)
+    rows = n // args.num_minibatches
+    minibatch = {key: batch[key][:rows] for key in ("obs", "actions", "logprobs", "advantages", "values", "returns")}
+    loss_kwargs = ppo.loss_settings(args, args.ent_coef)
+    update = fast.fast.update
+    times = 200
+
+    def audited() -> None:
+        for _ in range(times):
+            update.audit(minibatch, loss_kwargs, ppo.loss_and_gradients, fast.optimizer)
+
+    def ordinary() -> None:
+        for _ in range(times):
+            update.loss_and_gradients(minibatch, **loss_kwargs)
+
+    audit_extra = (best_seconds(audited, repeats) - best_seconds(ordinary, repeats)) / times
+    return dict(
+        stacked_ms=1000 * stacked / minibatches,
+        plain_ms=1000 * textbook / minibatches,
+        derived_ms=1000 * autograd_loss / minibatches,
+        update_ms=1000 * stacked,
+        audit_update_ms=1000 * audit_extra,
+    )
 
 
 def profile_rollout(args: ppo.Args, steps: int, repeats: int) -> dict:
@@ -61,6 +91,11 @@ def profile_rollout(args: ppo.Args, steps: int, repeats: int) -> dict:
     ppo.start_fast_paths(learner, args)
     sampler.set_policy(ppo.policy_weights(learner), 0)
     rollout = best_seconds(lambda: sampler.rollout(steps), repeats)
+    sample = sampler.rollout(steps)
+    audit = best_seconds(
+        lambda: audit_acting(sampler.policy, sampler.agent, sample["obs"], sample["actions"], sample["logprobs"]),
+        repeats,
+    )
     rng = np.random.default_rng(0)
     space = sampler.envs[0].action_space
     actions = rng.uniform(space.low, space.high, size=(steps, args.num_envs, *space.shape))
@@ -72,7 +107,13 @@ def profile_rollout(args: ppo.Args, steps: int, repeats: int) -> dict:
     bare = best_seconds(bare_steps, repeats)
     sampler.close()
     per_step = 1e6 / (steps * args.num_envs)
-    return dict(rollout_us=rollout * per_step, env_us=bare * per_step, outside=1 - bare / rollout)
+    return dict(
+        rollout_us=rollout * per_step,
+        env_us=bare * per_step,
+        outside=1 - bare / rollout,
+        rollout_ms=1000 * rollout,
+        audit_acting_ms=1000 * audit,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,6 +143,17 @@ def main(argv: list[str] | None = None) -> int:
         f"{update['plain_ms']:.3f} | {update['plain_ms'] / update['stacked_ms']:.2f}x |",
         f"| rollout, us per env step (reference: bare env.step loop) | {rollout['rollout_us']:.1f} | "
         f"{rollout['env_us']:.1f} | {rollout['outside']:.0%} of the rollout outside env.step |",
+        f"| update, ms per minibatch with the loss's gradient by autograd (reference: written out) | "
+        f"{update['derived_ms']:.3f} | {update['stacked_ms']:.3f} | "
+        f"{update['derived_ms'] / update['stacked_ms']:.2f}x |",
+    ]
+    iteration_ms = rollout["rollout_ms"] * args.num_steps / steps + update["update_ms"]
+    audit_ms = rollout["audit_acting_ms"] * args.num_steps / steps + update["audit_update_ms"]
+    lines += [
+        "",
+        f"The audit, per iteration: acting {rollout['audit_acting_ms'] * args.num_steps / steps:.2f} ms, the update's "
+        f"first minibatch {update['audit_update_ms']:.2f} ms beyond an ordinary one; together {audit_ms:.2f} ms of "
+        f"an iteration of {iteration_ms:.0f} ms (rollout plus update): **{audit_ms / iteration_ms:.2%}**.",
     ]
     print("\n".join(lines))
     if cfg.out:

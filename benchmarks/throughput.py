@@ -13,9 +13,9 @@ The default <out-dir> is a new folder benchmarks/results/local/<UTC date-time>/,
 Measured per env and repeat, implementations interleaved (raw, ppo, sb3, raw, ppo, sb3, ...) to spread machine noise:
   raw      the random-action step loop of one gym.make env, in this process (the ceiling any learner can reach);
   ppo      ppo_continuous.py as a subprocess in a fresh temporary working directory;
-  ppo_plain, ppo_relu, ppo_third_layer
-           the same with --no-fast-path, and on copies of the code with ReLU for tanh or a third hidden layer
-           (benchmarks/edits.py): what a researcher's edit costs;
+  ppo_plain, ppo_relu, ppo_third_layer, ppo_dual_clip, ppo_huber
+           the same with --no-fast-path, and on copies of the code with ReLU for tanh, a third hidden layer, dual-clip
+           PPO or a Huber value loss in gae.ppo_loss (benchmarks/edits.py): what a researcher's edit costs;
   sb3      benchmarks/sb3_ppo.py the same way;
   dppo_sync, dppo_async
            dppo_ray.py with --num-actors actors, each sampling num_steps / actors steps (same batch);
@@ -163,6 +163,14 @@ def run_ppo_third_layer(env_id: str, seed: int, cfg) -> Result:
     return run_edited_ppo("third_hidden_layer", env_id, seed, cfg)
 
 
+def run_ppo_dual_clip(env_id: str, seed: int, cfg) -> Result:
+    return run_edited_ppo("dual_clip", env_id, seed, cfg)
+
+
+def run_ppo_huber(env_id: str, seed: int, cfg) -> Result:
+    return run_edited_ppo("huber_value_loss", env_id, seed, cfg)
+
+
 def run_sb3(env_id: str, seed: int, cfg) -> Result:
     with tempfile.TemporaryDirectory(prefix="tp_sb3_") as cwd:
         argv = [os.path.join(REPO, "benchmarks", "sb3_ppo.py"), *common_flags(env_id, seed, cfg), *SB3_FLAGS]
@@ -274,6 +282,8 @@ IMPLS: dict[str, Callable[[str, int, argparse.Namespace], Result]] = {
     "ppo_plain": run_ppo_plain,
     "ppo_relu": run_ppo_relu,
     "ppo_third_layer": run_ppo_third_layer,
+    "ppo_dual_clip": run_ppo_dual_clip,
+    "ppo_huber": run_ppo_huber,
     "sb3": run_sb3,
     "dppo_sync": run_dppo_sync,
     "dppo_async": run_dppo_async,

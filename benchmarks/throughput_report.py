@@ -30,6 +30,8 @@ INLOOP_NOTES = {
     "ppo_plain": "the same, with --no-fast-path",
     "ppo_relu": "the same, on a copy with ReLU for tanh (benchmarks/edits.py)",
     "ppo_third_layer": "the same, on a copy with a third hidden layer (benchmarks/edits.py)",
+    "ppo_dual_clip": "the same, on a copy with dual-clip PPO in gae.ppo_loss (benchmarks/edits.py)",
+    "ppo_huber": "the same, on a copy with a Huber value loss in gae.ppo_loss (benchmarks/edits.py)",
     "sb3": "sb3_ppo.py `sps` (time of `model.learn`)",
     "dppo_sync": "dppo_ray.py `env_steps / wall_time_seconds` from summary.json",
     "dppo_async": "dppo_ray.py `env_steps / wall_time_seconds` from summary.json",

@@ -1,5 +1,6 @@
-"""fast_paths.py's audit on the run's own data and its loss gradient: each check against an independent reference (autograd
-through the Agent and gae.ppo_loss, or a hand-made case), and each way a fast path steps aside with its reason."""
+"""fast_paths.py's audit on the run's own data and its loss gradient: each check against an independent reference
+(autograd through the Agent and gae.ppo_loss, or a hand-made case), and each way a fast path steps aside with its
+reason."""
 
 from __future__ import annotations
 
@@ -206,8 +207,8 @@ def test_a_gradient_hook_added_during_the_run_moves_the_update_to_autograd_befor
     learner = ppo_continuous.Learner(agent, optimizer, None, None, fast)
     plain_learner = ppo_continuous.Learner(reference, plain_optimizer, None, None)
     batch = random_batch(256, 11, 3)
-    for i, (learner_, seed) in enumerate([(learner, 7), (plain_learner, 7)]):
-        torch.manual_seed(seed)
+    for learner_ in (learner, plain_learner):
+        torch.manual_seed(7)
         ppo_continuous.ppo_update(learner_, batch, args, 0.0, 1)  # one update on the fast path, audited and equal
     assert fast.update is not None and fast.differences["update"] < fast_paths.TOLERANCE
     for model in (agent, reference):
@@ -325,7 +326,8 @@ def test_a_tanh_squashed_gaussian_steps_aside_naming_its_distribution_and_acts_w
     optimizer = torch.optim.Adam(agent.parameters(), eps=1e-5)
     fast, lines = fast_paths.choose_fast_paths(agent, optimizer, [SETTINGS], False, True, PLAIN)
     assert not fast.acting and fast.update is None and len(lines) == 2
-    assert all("returns Independent(TransformedDistribution(Normal)), not the diagonal Gaussian" in line for line in lines)
+    named = "returns Independent(TransformedDistribution(Normal)), not the diagonal Gaussian"
+    assert all(named in line for line in lines), lines
     obs = np.random.default_rng(0).normal(size=(7, 5)).astype(np.float32)
     action = ppo_continuous.TorchActor(agent).best_action(obs)
     with torch.no_grad():
