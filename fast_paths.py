@@ -1,4 +1,4 @@
-"""Fast paths: accelerators of ppo_continuous.py's plain path that prove themselves equal to it when a run starts.
+"""Fast paths: accelerators of ppo_continuous.py's plain path, audited against it at start-up and on the run's own data.
 
 ppo_continuous.py holds the one definition of everything that learns: the network and the policy's distribution
 (`Agent`), the loss (`gae.ppo_loss`), the optimizer (`make_learner`) and the two functions the hot loops call, acting
@@ -8,16 +8,22 @@ per-op overhead, not arithmetic, sets the speed of both loops, so two accelerato
 - `NumpyActor` for `TorchActor`: the actor net walked layer by layer and mirrored in numpy (a layer it cannot mirror
   runs in torch), with the Gaussian's state-independent log-std.
 - `StackedUpdate` for `loss_and_gradients` and `optimizer.step()`: the actor's and the critic's layers stacked in pairs
-  (one batched matmul runs a layer of both), all parameters and all gradients in one flat buffer each, the backward
-  written out from gae.ppo_loss(with_grads=True)'s d loss / d log-prob and d loss / d value through the Gaussian head,
-  the linear layers and the activations whose derivative it knows, and Adam's step as torch.optim.Adam computes it.
+  (one batched matmul runs a layer of both), all parameters and all gradients in one flat buffer each, gae.ppo_loss
+  computed on the stacked forward's outputs and its gradient with respect to them (the new log-probabilities, values
+  and entropies) taken by autograd over ppo_loss itself, or from `written_loss_gradients` while ppo_loss is the stock
+  loss; from there the backward written out through the Gaussian head, the linear layers and the activations whose
+  derivative it knows, and Adam's step as torch.optim.Adam computes it.
 
 `choose_fast_paths` runs before the first rollout, on the run's own agent, optimizer and loss settings. Each
-accelerator must first fit (a network it can mirror or stack, the optimizer it reproduces), then match the plain path on
-random inputs: actions' means and stds, log-probabilities and entropies for acting; values, the loss and the whole
-gradient on a synthetic minibatch that takes every branch of the loss for the update. One that does not fit or does not
-match steps aside with one line naming the part and the reason, and the run uses the plain path for that part. So an
-edit to Agent, ppo_loss or make_learner always runs as written: on a fast path that equals it, or on the plain path.
+accelerator must first fit (a network it can mirror or stack, the optimizer it reproduces, nothing a copy cannot carry:
+random layers, hooks, buffers), then match the plain path on random inputs: actions' means and stds, log-probabilities
+and entropies for acting; values, the loss and the whole gradient on a synthetic minibatch that takes every branch of
+the loss for the update. Then the audit runs on the run's own data for as long as a fast path is on: every rollout's
+acting against the Agent on that rollout's observations (`audit_acting`), and every update's first minibatch against
+autograd through the live Agent and gae.ppo_loss before its first step (`StackedUpdate.audit`). One that does not fit
+or does not match steps aside with one line naming the part and the reason, and the run uses the plain path for that
+part from then on. So an edit to Agent, ppo_loss or make_learner runs as written: on a fast path that equals it, or on
+the plain path.
 
 The loop around these functions (shuffling, minibatches, gradient clipping, early stopping) is the same code on both
 paths: the parameters and gradients that StackedUpdate keeps in its flat buffers are the Agent's own, as views.
@@ -660,7 +666,10 @@ def uncarried_state(agent: nn.Module, optimizer: torch.optim.Optimizer) -> dict[
     backward = [name or "Agent" for name, m in modules if m._backward_hooks or m._backward_pre_hooks]
     if backward:
         add(("update",), name_some("a backward hook", backward))
-    if any(getattr(module_globals, f"_global_{kind}_hooks", None) for kind in ("forward", "forward_pre", "backward")):
+    if any(
+        getattr(module_globals, f"_global_{kind}_hooks", None)
+        for kind in ("forward", "forward_pre", "backward", "backward_pre")
+    ):
         add(("acting", "update"), "a global module hook (torch.nn.modules.module.register_module_*_hook)")
     hooked = [
         n for n, p in agent.named_parameters() if p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None)

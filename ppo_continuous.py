@@ -9,8 +9,9 @@ checkpointed, interrupted (Ctrl-C or SIGTERM) and resumed.
 
 The file reads top to bottom as the algorithm: flags, env, agent, rollout, advantages with the numerical guard, the
 update, the training loop. The math it calls lives in gae.py; fast_paths.py holds the accelerators that stand in for
-acting and for the update where they prove equal at start-up; run_utils.py holds what makes a run safe to interrupt,
-resume and compare (checkpoints, the run folder and logging, loading and evaluating a saved policy, the command line).
+acting and for the update where they prove equal, at start-up and on every iteration's own data; run_utils.py holds
+what makes a run safe to interrupt, resume and compare (checkpoints, the run folder and logging, loading and
+evaluating a saved policy, the command line).
 dppo_ray.py imports this file and adds only what distribution needs.
 """
 
@@ -164,8 +165,8 @@ class Args:
     """numerical guard: stop the run after this many bad batches in a row (a non-finite loss or gradient, or a
     batch of which under half is usable)"""
     fast_path: bool = True
-    """use the fast paths (numpy acting, the stacked update) where they prove equal to Agent and gae.ppo_loss at
-    start-up (see fast_paths.py); --no-fast-path runs everything the plain way"""
+    """use the fast paths (numpy acting, the stacked update) where they prove equal to Agent and gae.ppo_loss, at
+    start-up and on every iteration's own data (see fast_paths.py); --no-fast-path runs everything the plain way"""
 
     # to be filled in runtime
     batch_size: int = 0
