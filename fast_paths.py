@@ -662,7 +662,9 @@ def uncarried_state(agent: nn.Module, optimizer: torch.optim.Optimizer) -> dict[
             add(("acting", "update"), f"a random layer ({type(module).__name__}) in {name or 'Agent'}")
     forward = [name or "Agent" for name, m in modules if m._forward_hooks or m._forward_pre_hooks]
     if forward:
-        add(("acting", "update"), name_some("a forward hook", forward))
+        add(("update",), name_some("a forward hook", forward))
+        # the samplers act with Agents of their own, built from the weights: no hook reaches them on either path
+        add(("acting",), name_some("a forward hook", forward) + ", which the samplers' own copies of Agent do not have")
     backward = [name or "Agent" for name, m in modules if m._backward_hooks or m._backward_pre_hooks]
     if backward:
         add(("update",), name_some("a backward hook", backward))
