@@ -618,7 +618,7 @@ def audit_acting(actor: NumpyActor, agent: nn.Module, obs: np.ndarray, actions: 
             compared = {"action log-probabilities": (all_log_probs, dist.logits.log_softmax(-1))}
         else:
             compared = {"mean": (actor.actor(flat_obs), dist.mean)}
-            compared["std"] = (np.broadcast_to(actor.std, dist.stddev.shape), dist.stddev)
+            compared["std"] = (np.ascontiguousarray(np.broadcast_to(actor.std, dist.stddev.shape)), dist.stddev)
         compared["log-probability of the actions taken"] = (logprobs.reshape(-1), plain_logprob)
     return worst_of(compared, "Agent on this rollout's observations")
 
@@ -739,7 +739,10 @@ def check_acting(agent: nn.Module, obs_dim: int, act_dim: int, rows: int = 64) -
                 noise = torch.randn(rows, act_dim, generator=generator)
                 actions = dist.mean + dist.stddev * noise
                 plain = [dist.mean, dist.stddev, dist.log_prob(actions), dist.entropy()]
-                fast = [numpy_actor.actor(obs.numpy()), np.broadcast_to(numpy_actor.std, (rows, act_dim))]
+                fast = [
+                    numpy_actor.actor(obs.numpy()),
+                    np.ascontiguousarray(np.broadcast_to(numpy_actor.std, (rows, act_dim))),
+                ]
                 fast.append(numpy_actor.log_prob(obs.numpy(), actions.numpy(), noise.numpy()))
             fast.append(numpy_actor.entropy(obs.numpy()))
     except DoesNotFit as e:

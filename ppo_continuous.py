@@ -677,20 +677,19 @@ def clip_gradients(gradients: list[torch.Tensor], max_norm: float) -> float:
     return norm
 
 
-def audited_loss_and_gradients(learner: Learner, minibatch: dict, loss_kwargs: dict, iteration: int) -> PPOLoss:
-    """An update's first minibatch, on the fast path and the plain one (fast_paths.StackedUpdate.audit): where the
-    stacked update differs from autograd through the live Agent and ppo_loss, the update moves to the plain path
-    before its first step, and that step uses the plain gradient."""
+def audit_fast_update(learner: Learner, minibatch: dict, loss_kwargs: dict, iteration: int) -> None:
+    """Before an update's first step: a minibatch of its batch on the fast path and the plain one
+    (fast_paths.StackedUpdate.audit). Where the stacked update differs from autograd through the live Agent and
+    ppo_loss, the update moves to the plain path before it steps."""
     fast = learner.fast
-    stats, difference, reason, loss_reason = fast.update.audit(
+    _, difference, reason, loss_reason = fast.update.audit(
         minibatch, loss_kwargs, loss_and_gradients, learner.optimizer
     )
     fast.differences["update"] = difference
     if loss_reason is not None:
         print(f"{PROG}: {fast.step_aside('loss gradient', iteration, loss_reason, learner.optimizer)}", file=sys.stderr)
     if reason is not None:
-        print(f"{PROG}: {learner.fast.step_aside('update', iteration, reason, learner.optimizer)}", file=sys.stderr)
-    return stats
+        print(f"{PROG}: {fast.step_aside('update', iteration, reason, learner.optimizer)}", file=sys.stderr)
 
 
 def ppo_update(learner: Learner, batch: dict, args: Args, ent_coef: float, iteration: int) -> tuple[dict, str | None]:
@@ -698,7 +697,7 @@ def ppo_update(learner: Learner, batch: dict, args: Args, ent_coef: float, itera
     last minibatch (as CleanRL logs them) and a problem string when the loss or a gradient went non-finite.
     `iteration` (1-based) names the update in the audit's line."""
     agent = learner.agent
-    audit = learner.fast.update is not None  # the first minibatch runs both ways, on this batch's own data
+    audit = learner.fast.update is not None  # before the first step, a minibatch of this batch runs both ways
     kept = len(batch["advantages"])
     if kept < batch["size"] / 2:
         return {}, f"only {kept} of {batch['size']} samples are usable (NaN/inf data or outlier advantages)"
@@ -716,13 +715,16 @@ def ppo_update(learner: Learner, batch: dict, args: Args, ent_coef: float, itera
         for indices in torch.tensor_split(permutation, args.num_minibatches):
             if len(indices) == 0:  # more minibatches than samples kept
                 continue
+            if audit:  # the first minibatch with the batch's extreme observations, where a clamp would bind
+                rows = torch.unique(torch.cat([indices, batch["obs"].argmin(0), batch["obs"].argmax(0)]))
+                *vector_rows, number_rows = packed.index_select(0, rows).split(widths, 1)
+                audited = dict(zip(vectors, vector_rows)) | dict(zip(numbers, number_rows.unbind(1)))
+                audit_fast_update(learner, audited, loss_kwargs, iteration)
+                audit = False
             *vector_rows, number_rows = packed.index_select(0, indices).split(widths, 1)
             minibatch = dict(zip(vectors, vector_rows)) | dict(zip(numbers, number_rows.unbind(1)))
             fast_update = learner.fast.update
-            if audit:
-                stats = audited_loss_and_gradients(learner, minibatch, loss_kwargs, iteration)
-                fast_update, audit = learner.fast.update, False
-            elif fast_update is not None:
+            if fast_update is not None:
                 stats = fast_update.loss_and_gradients(minibatch, **loss_kwargs)
             else:
                 stats = loss_and_gradients(agent, learner.optimizer, minibatch, **loss_kwargs)
