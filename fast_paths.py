@@ -298,6 +298,17 @@ def written_loss_gradients(stats: PPOLoss, minibatch: dict, new_values: torch.Te
     return logprob_grad, value_grad, entropy_grad
 
 
+def loss_gradient_pairs(written: tuple, derived: tuple, like: torch.Tensor) -> dict[str, tuple]:
+    """written_loss_gradients' and derived_loss_gradients' vectors side by side, by name, for worst_of (a gradient
+    that is None, the loss not depending on that input, is zeros)."""
+    zeros = torch.zeros_like(like)
+    names = ("log-probabilities", "values", "entropies")
+    return {
+        f"gradient with respect to the {name}": (zeros if w is None else w, zeros if d is None else d)
+        for name, w, d in zip(names, written, derived)
+    }
+
+
 class StackedUpdate:
     """loss_and_gradients and optimizer.step() for the Agent's two MLPs and a torch.optim.Adam, in few ops.
 
@@ -392,12 +403,7 @@ class StackedUpdate:
             new_logprob, new_values, _ = self.last_per_sample
             written = written_loss_gradients(fast_stats, minibatch, new_values, loss_kwargs)
             _, derived = derived_loss_gradients(*self.last_per_sample, minibatch, loss_kwargs)
-            zeros = torch.zeros_like(new_logprob)
-            names = ("log-probabilities", "values", "entropies")
-            pairs = {
-                f"gradient with respect to the {name}": (zeros if w is None else w, zeros if d is None else d)
-                for name, w, d in zip(names, written, derived)
-            }
+            pairs = loss_gradient_pairs(written, derived, new_logprob)
             _, loss_reason = worst_of(pairs, "autograd over gae.ppo_loss")
             if loss_reason is not None:
                 self.derive_loss_gradient = True
@@ -798,12 +804,7 @@ def check_loss_gradient(agent, obs_dim: int, loss_settings: list[dict], decouple
                 stats = ppo_loss_of(new_logprob, new_values, entropy, minibatch, loss_kwargs)
                 written = written_loss_gradients(stats, minibatch, new_values, loss_kwargs)
             _, derived = derived_loss_gradients(new_logprob, new_values, entropy, minibatch, loss_kwargs)
-            zeros = torch.zeros_like(new_logprob)
-            names = ("log-probabilities", "values", "entropies")
-            pairs = {
-                f"gradient with respect to the {name}": (zeros if w is None else w, zeros if d is None else d)
-                for name, w, d in zip(names, written, derived)
-            }
+            pairs = loss_gradient_pairs(written, derived, new_logprob)
             relative, reason = worst_of(pairs, "the written-out one of the stock loss")
             if reason is not None and relative >= worst[0]:
                 worst = (relative, reason)

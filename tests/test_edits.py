@@ -154,17 +154,17 @@ def test_an_edit_runs_as_written_on_a_fast_path_or_the_plain_path(tmp_path, edit
     assert "eval return" in fast.stdout  # --save-model evaluated it at the end of the run
 
 
+def run_once(folder: Path) -> subprocess.CompletedProcess:
+    """The edited copy's ppo_continuous.py, once, as a user runs it (run folder runs/r)."""
+    command = [sys.executable, "ppo_continuous.py", *RUN, "--run-name", "r"]
+    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300)
+
+
 def test_a_policy_without_an_entropy_is_one_line_saying_what_to_do(tmp_path):
     """A tanh-squashed Gaussian straight from torch.distributions has no entropy(): the run stops with one line that
     names what is missing and what to write instead, never a traceback."""
     folder = edited_copy(tmp_path, "tanh_no_entropy")
-    result = subprocess.run(
-        [sys.executable, "ppo_continuous.py", *RUN, "--run-name", "r"],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_once(folder)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("ppo_continuous.py: error: the policy's distribution has no entropy"), last
@@ -175,13 +175,7 @@ def test_a_saved_policy_without_a_mode_still_leaves_its_summary_and_closing_line
     """A mixture of Gaussians trains (Agent.evaluate returns an entropy estimate) but has no mode for --save-model's
     mean-action evaluation: one line says so, and summary.json, the model and the closing line are all there."""
     folder = edited_copy(tmp_path, "mixture_policy")
-    result = subprocess.run(
-        [sys.executable, "ppo_continuous.py", *RUN, "--run-name", "r"],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_once(folder)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "evaluating it failed" in errors[0] and "has no mode" in errors[0], errors
