@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import importlib
 import json
 import os
@@ -18,6 +19,7 @@ import random
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
 import traceback
@@ -190,6 +192,49 @@ def resumed_args(args_type: type, args):
     return args
 
 
+def code_version(scripts: list[str] | None = None) -> dict:
+    """Which code a run trains with: a SHA-256 of its scripts (by default the repository's top-level ones: the trainers
+    and the modules they import), which decides whether two runs compare, and for the reader the git commit and
+    whether those scripts differ from it (None where there is no git checkout, as on a Ray node that got an upload)."""
+    repo = os.path.dirname(os.path.abspath(__file__))
+    if scripts is None:
+        scripts = sorted(os.path.join(repo, n) for n in os.listdir(repo) if n.endswith(".py"))
+    digest = hashlib.sha256()
+    for path in scripts:
+        with open(path, "rb") as f:
+            digest.update(os.path.basename(path).encode() + b"\0" + f.read() + b"\0")
+    version = {"scripts_sha256": digest.hexdigest(), "commit": None, "scripts_clean": None}
+    folder = os.path.dirname(os.path.abspath(scripts[0])) if scripts else repo
+    git = {"cwd": folder, "capture_output": True, "text": True, "timeout": 10}
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], **git)
+        changed = subprocess.run(["git", "status", "--porcelain", "--", *scripts], **git)
+    except (OSError, subprocess.TimeoutExpired):
+        return version
+    if commit.returncode == 0 and changed.returncode == 0:
+        version.update(commit=commit.stdout.strip(), scripts_clean=not changed.stdout.strip())
+    return version
+
+
+def record_run(run_dir: str, command: list[str], extra: dict, resumed_at: int | None, scripts=None) -> None:
+    """run.json: what the run is, written when it starts, so that a crashed run says it too. A new run records its
+    command line and its code (code_version); each resume adds its own command and code under "resumes", so a run
+    continued by other code says so."""
+    path = os.path.join(run_dir, "run.json")
+    entry = {"command": command, "code": code_version(scripts)}
+    if resumed_at is None or not os.path.isfile(path):
+        record = {**entry, **extra, "resumes": []}
+        if resumed_at is not None:
+            record["resumed_without_record_at_step"] = resumed_at
+    else:
+        with open(path) as f:
+            record = json.load(f)
+        record.setdefault("resumes", []).append({**entry, "at_step": resumed_at})
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
 def ray_address_answers(address: str) -> bool:
     """Whether something listens at a Ray `host:port` (or `ray://host:port`): ray.init retries an address with no Ray
     behind it for minutes, a plain TCP probe answers at once."""
@@ -292,6 +337,7 @@ def start_run(args, run_dir: str, resumed_at: int | None):
     from torch.utils.tensorboard.summary import hparams
 
     os.makedirs(run_dir, exist_ok=True)
+    record_run(run_dir, [PROG, *sys.argv[1:]], {"hyperparameters": dataclasses.asdict(args)}, resumed_at)
     # purge_step drops any points a crashed run wrote after the checkpoint, so a resumed curve continues cleanly.
     writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
     if resumed_at is None:

@@ -89,14 +89,84 @@ def run_missing(cfg: argparse.Namespace) -> None:
 
 
 def missing_runs(cfg: argparse.Namespace) -> list[tuple]:
-    """(label, impl, config, env id, seed, status) of every run that is not done; run_status says what status means."""
+    """(label, impl, config, env id, seed, status) of every run that is not done; run_status says what status means.
+    A run folder made by another command or other code is never reused: refused in one line naming the first
+    difference, or, with --rerun-changed, deleted here and run afresh."""
     root = os.path.abspath(cfg.runs_root)
     missing = []
     for env_id, seed, (label, impl, config) in itertools.product(cfg.envs, range(1, cfg.seeds + 1), cfg.configs):
-        status = run_status(os.path.join(root, cfg.group, label, f"{env_id}__{seed}"), cfg)
+        folder = os.path.join(root, cfg.group, label, f"{env_id}__{seed}")
+        status = run_status(folder, cfg)
+        if status in ("done", "resume"):
+            difference = run_difference(folder, expected_command(cfg, (label, impl, config, env_id, seed)))
+            if difference and not cfg.rerun_changed:
+                raise BenchError(
+                    f"{relative_to_cwd(folder)} {difference}: rerun it with --rerun-changed, or sweep into another "
+                    "--group"
+                )
+            if difference:
+                shutil.rmtree(folder)
+                status = "new"
         if status != "done":
             missing.append((label, impl, config, env_id, seed, status))
     return missing
+
+
+# Flags that name where a run logs or how it talks, not what it is: two runs that differ only in these compare.
+WHERE_FLAGS = {"--run-name", "--tb-log", "--overwrite", "--quiet"}
+
+
+def expected_command(cfg: argparse.Namespace, run: tuple) -> list[str]:
+    """The command line (script name, then flags) that --run starts `run` (label, impl, config, env id, seed) with."""
+    label, impl, config, env_id, seed = run
+    if impl == "sb3":
+        return ["sb3_ppo.py", *sb3_argv(cfg, env_id, seed, "", "")[1:]]
+    return trainer_argv(cfg, run, "", "new", "")
+
+
+def command_flags(command: list[str]) -> dict[str, str]:
+    """{--flag: value} of a command line's --flag=value, --flag value and --switch items, less WHERE_FLAGS."""
+    flags = {}
+    items = command[1:]
+    for index, item in enumerate(items):
+        if not item.startswith("--"):
+            continue  # the value of the flag before it
+        key, sep, value = item.partition("=")
+        if not sep and index + 1 < len(items) and not items[index + 1].startswith("--"):
+            sep, value = "=", items[index + 1]
+        if key not in WHERE_FLAGS:
+            flags[key] = value if sep else "(set)"
+    return flags
+
+
+def run_difference(folder: str, expected: list[str]) -> str | None:
+    """None when the run in `folder` was started by `expected` (its run.json's command, flag for flag) and trained,
+    resumes included, by this checkout's code; else what differs first, in words."""
+    sys.path.insert(0, REPO)
+    from run_utils import code_version
+
+    path = os.path.join(folder, "run.json")
+    if not os.path.isfile(path):
+        return "records no command or code (it has no run.json: made before learning.py checked runs)"
+    with open(path) as f:
+        record = json.load(f)
+    if os.path.basename(record["command"][0]) != expected[0]:
+        return f"was run by {os.path.basename(record['command'][0])}, not {expected[0]}"
+    ran, asked = command_flags(record["command"]), command_flags(expected)
+    for flag in [*asked, *(f for f in ran if f not in asked)]:
+        if ran.get(flag) != asked.get(flag):
+            was = f"{flag}={ran[flag]}" if flag in ran else f"no {flag}"
+            now = f"{flag}={asked[flag]}" if flag in asked else f"no {flag}"
+            return f"was run with {was}, this sweep asks {now}"
+    scripts = [os.path.join(REPO, "benchmarks", "sb3_ppo.py")] if expected[0] == "sb3_ppo.py" else None
+    current = code_version(scripts)["scripts_sha256"]
+    for entry in [record, *record.get("resumes", [])]:
+        if entry["code"]["scripts_sha256"] != current:
+            return (
+                f"was trained by other code (scripts {entry['code']['scripts_sha256'][:12]}, commit "
+                f"{(entry['code']['commit'] or 'unknown')[:12]}; this checkout's scripts are {current[:12]})"
+            )
+    return None
 
 
 def cluster_job(cfg: argparse.Namespace, label: str, impl: str, config: dict, env_id: str, seed: int, status: str):
@@ -219,6 +289,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--group", default="bench", help="folder under --runs-root (default: bench)")
     p.add_argument("--run", action="store_true", help="train the runs that are not done yet (see --jobs)")
     p.add_argument(
+        "--rerun-changed",
+        action="store_true",
+        help="with --run: a run folder made by another command or other code (its run.json) is deleted and run "
+        "afresh; without it such a folder is refused, naming the first difference",
+    )
+    p.add_argument(
         "--jobs",
         type=int,
         default=1,
@@ -283,6 +359,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     cfg = p.parse_args(argv)
     if cfg.jobs < 1:
         p.error("--jobs must be at least 1")
+    if cfg.rerun_changed and not cfg.run:
+        p.error("--rerun-changed says what --run does with runs made otherwise: use it with --run")
     if cfg.max_retries < 0:
         p.error("--max-retries must be at least 0")
     if cfg.ray_address and not (cfg.run or cfg.quick):

@@ -7,6 +7,7 @@ import argparse
 import glob
 import itertools
 import json
+import math
 import os
 import time
 from collections import deque
@@ -87,9 +88,25 @@ def first_reach(x: np.ndarray, values: np.ndarray, target: float) -> float | Non
     return float(x[hit[0]]) if len(hit) else None
 
 
-def summary_row(env_id: str, impl: str, runs: list[tuple], target: float | None) -> dict:
-    """A row of the first table: final return over the seeds' `runs` (read_curve's curves), and when each run first
-    reached `target`, in env steps and in seconds."""
+def run_codes(folder: str) -> list[str]:
+    """The scripts' SHA-256 (12 characters) that trained the run in `folder`, from its run.json: the first run's, then
+    each resume's; ["unrecorded"] for a run without one."""
+    path = os.path.join(folder, "run.json")
+    if not os.path.isfile(path):
+        return ["unrecorded"]
+    with open(path) as f:
+        record = json.load(f)
+    return list(dict.fromkeys(e["code"]["scripts_sha256"][:12] for e in [record, *record.get("resumes", [])]))
+
+
+def sample_std(values: list[float]) -> float:
+    """The sample standard deviation (n - 1 in the denominator): every table's ± over seeds. 0 for one seed."""
+    return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+
+def summary_row(env_id: str, impl: str, runs: list[tuple], target: float | None, codes: list[str]) -> dict:
+    """A row of the first table: final return over the seeds' `runs` (read_curve's curves), when each run first
+    reached `target`, in env steps and in seconds, and the code (run_codes) the seeds were trained by."""
     finals = [values[-1] for _, _, values in runs]
     reach_steps = [first_reach(steps, v, target) for steps, _, v in runs] if target is not None else []
     reach_secs = [first_reach(secs, v, target) for _, secs, v in runs] if target is not None else []
@@ -99,7 +116,8 @@ def summary_row(env_id: str, impl: str, runs: list[tuple], target: float | None)
         "seeds": len(runs),
         "finals": finals,
         "final": np.mean(finals),
-        "final_std": np.std(finals),
+        "final_std": sample_std(finals),
+        "codes": codes,
         "steps": int(np.mean([steps[-1] for steps, _, _ in runs])),
         "wall": np.mean([secs[-1] for _, secs, _ in runs]),
         "target": target,
@@ -115,12 +133,14 @@ def summarize_runs(cfg: argparse.Namespace) -> tuple[dict, list[dict]]:
     for env_id, impl in itertools.product(cfg.envs, cfg.impls):
         impl_folder = os.path.join(cfg.runs_root, cfg.group, impl)
         folders = [os.path.join(impl_folder, f"{env_id}__{seed}") for seed in range(1, cfg.seeds + 1)]
-        runs = [curve for curve in map(read_curve, folders) if curve is not None]
-        if not runs:
+        found = [(folder, curve) for folder in folders if (curve := read_curve(folder)) is not None]
+        if not found:
             continue
+        runs = [curve for _, curve in found]
+        codes = list(dict.fromkeys(code for folder, _ in found for code in run_codes(folder)))
         curves[env_id, impl] = runs
         target = cfg.target if cfg.target is not None else TARGETS.get(env_id)
-        rows.append(summary_row(env_id, impl, runs, target))
+        rows.append(summary_row(env_id, impl, runs, target, codes))
     return curves, rows
 
 
@@ -140,17 +160,26 @@ def permutation_pvalue(a: list[float], b: list[float]) -> float:
     return extreme / len(splits)
 
 
-def bootstrap_difference_interval(
-    a: list[float], b: list[float], reps: int = 10000, seed: int = 0
-) -> tuple[float, float]:
-    """95% percentile-bootstrap interval of mean(a) - mean(b): each group's seeds resampled with replacement, on
-    its own (the seeds of two configurations are independent runs)."""
-    rng = np.random.default_rng(seed)
+def permutation_floor(n_a: int, n_b: int) -> float:
+    """The smallest two-sided p that permutation_pvalue can give with these seed counts: the most extreme split is
+    1 of C(n_a + n_b, n_a), and with equal groups its mirror image ties it. 0.10 with 3 + 3 seeds, 0.029 with 4 + 4."""
+    return (2 if n_a == n_b else 1) / math.comb(n_a + n_b, n_a)
+
+
+def welch_interval(a: list[float], b: list[float], level: float = 0.95) -> tuple[float, float]:
+    """Welch's t-interval of mean(a) - mean(b): each group's own sample variance, Welch-Satterthwaite's degrees of
+    freedom. With 3 to 5 seeds a side it is wide, as it should be; a percentile bootstrap over so few seeds is not."""
+    from scipy import stats
+
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    means_a = a[rng.integers(0, len(a), size=(reps, len(a)))].mean(axis=1)
-    means_b = b[rng.integers(0, len(b), size=(reps, len(b)))].mean(axis=1)
-    low, high = np.percentile(means_a - means_b, [2.5, 97.5])
-    return float(low), float(high)
+    difference = float(a.mean() - b.mean())
+    var_a, var_b = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    se = math.sqrt(var_a + var_b)
+    if se == 0.0:
+        return difference, difference
+    dof = se**4 / (var_a**2 / (len(a) - 1) + var_b**2 / (len(b) - 1))
+    half = float(stats.t.ppf(0.5 + level / 2, dof)) * se
+    return difference - half, difference + half
 
 
 def fmt_reach(values: list[float | None], unit: str) -> str:
@@ -164,16 +193,27 @@ def fmt_reach(values: list[float | None], unit: str) -> str:
 
 
 def final_return_table(rows: list[dict]) -> list[str]:
+    """Final return per seed and mean ± sample std, time to target, and the code (scripts' SHA-256) of each row's
+    runs; a line under the table when the runs were trained by more than one version of the code."""
     lines = [
-        "| env | impl | seeds | env steps | final return | wall time | target | reached (steps) | reached (time) |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|",
+        "| env | impl | seeds | env steps | final return per seed | mean ± std | wall time | target | reached (steps) "
+        "| reached (time) | code |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|---|",
     ]
     for r in rows:
+        per_seed = ", ".join(f"{v:.0f}" for v in r["finals"])
         lines.append(
-            f"| {r['env']} | {r['impl']} | {r['seeds']} | {r['steps']:,} | {r['final']:.0f} ± {r['final_std']:.0f} | "
-            f"{r['wall'] / 60:.1f} min | {r['target']:g} | {fmt_reach(r['reach_steps'], 'steps')} | "
-            f"{fmt_reach(r['reach_secs'], 's')} |"
+            f"| {r['env']} | {r['impl']} | {r['seeds']} | {r['steps']:,} | {per_seed} "
+            f"| {r['final']:.0f} ± {r['final_std']:.0f} | {r['wall'] / 60:.1f} min | {r['target']:g} | "
+            f"{fmt_reach(r['reach_steps'], 'steps')} | {fmt_reach(r['reach_secs'], 's')} | {', '.join(r['codes'])} |"
         )
+    versions = sorted({code for r in rows for code in r["codes"]})
+    if len(versions) > 1:
+        lines += [
+            "",
+            f"**Mixed code:** these runs were trained by {len(versions)} versions of the scripts ({', '.join(versions)}"
+            "; 'unrecorded' is a run without run.json). Differences between rows may be the code's.",
+        ]
     return lines
 
 
@@ -185,20 +225,24 @@ def difference_table(rows: list[dict], baseline: str) -> list[str]:
         return []
     lines = [
         "",
-        f"Difference in final return to {baseline}, with a 95% bootstrap interval over seeds and the exact"
-        " permutation test's two-sided p-value (p is 1/3 at best with 2 + 2 seeds, so it needs 3 or more a side to"
-        " mean much; with so few seeds the interval is narrower than the truth):",
+        f"Difference in final return to {baseline}: a 95% Welch t-interval over seeds, and the exact two-sided "
+        "permutation test's p beside the smallest p its seed counts allow (with 3 + 3 seeds no difference, however "
+        "large, can give less than 0.10):",
         "",
-        "| env | impl | difference | 95% interval | p |",
-        "|---|---|--:|--:|--:|",
+        "| env | impl | difference | 95% Welch interval | p | least possible p |",
+        "|---|---|--:|--:|--:|--:|",
     ]
     for base, r in comparisons:
         p_value = permutation_pvalue(r["finals"], base["finals"])
-        interval = "—"  # one seed a side has no spread to resample
+        interval = "—"  # one seed on a side has no spread
         if min(len(r["finals"]), len(base["finals"])) >= 2:
-            low, high = bootstrap_difference_interval(r["finals"], base["finals"])
+            low, high = welch_interval(r["finals"], base["finals"])
             interval = f"[{low:+.0f}, {high:+.0f}]"
-        lines.append(f"| {r['env']} | {r['impl']} | {r['final'] - base['final']:+.0f} | {interval} | {p_value:.2f} |")
+        floor = permutation_floor(len(r["finals"]), len(base["finals"]))
+        lines.append(
+            f"| {r['env']} | {r['impl']} | {r['final'] - base['final']:+.0f} | {interval} | {p_value:.3f} | "
+            f"{floor:.3f} |"
+        )
     return lines
 
 
@@ -356,7 +400,8 @@ def report_lines(rows: list[dict], cfg: argparse.Namespace, command: str) -> lis
         "",
         f"Command: `{command}`  ",
         f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {os.cpu_count()} cores, no GPU  ",
-        "Final return: mean of the last 100 training episodes at the end of the run, mean ± std over seeds.",
+        "Final return: mean of the last 100 training episodes at the end of the run; ± is the sample standard "
+        "deviation over seeds (n - 1) in every table but CleanRL's published figures, which are as its docs give them.",
         "",
         *final_return_table(rows),
         *difference_table(rows, cfg.impls[0]),

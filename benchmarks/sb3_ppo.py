@@ -8,6 +8,8 @@ Example:
 
 import argparse
 import json
+import os
+import sys
 import time
 
 try:  # MuJoCo v5 envs otherwise write MUJOCO_LOG.TXT into the cwd.
@@ -108,7 +110,14 @@ def main() -> None:
         verbose=0,
     )
 
-    if args.tb_log is None:
+    if args.tb_log is not None:  # run.json, as the trainers write it: learning.py reuses a run only if it matches
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        from run_utils import record_run
+
+        os.makedirs(args.tb_log, exist_ok=True)
+        command = [os.path.basename(__file__), *sys.argv[1:]]
+        record_run(args.tb_log, command, {"hyperparameters": vars(args)}, None, scripts=[os.path.abspath(__file__)])
+    else:
         # Without this SB3 creates an empty $TMPDIR/SB3-<date> log folder on every run.
         model.set_logger(Logger(folder=None, output_formats=[]))
 

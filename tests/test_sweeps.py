@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -173,10 +174,11 @@ def test_ctrl_c_keeps_finished_runs_and_storage_runs_resume(tmp_path, cluster):
     cluster.add_node(num_cpus=2)
     cluster.wait_for_nodes()
     storage = tmp_path / "shared"
-    long_run = ["--total-timesteps", "409600", *SHORT[2:]]
+    long_run = ["--total-timesteps", "61440", *SHORT[2:]]
     sweep = ["--envs", "Pendulum-v1", "--impls", "ppo", "--seeds", "1", "--storage", str(storage)]
-    # one finished run first: the 1e-4 configuration, 2048 steps
-    first = run_learning(tmp_path, cluster.address, *sweep, "--grid", "learning-rate=1e-4", *SHORT)
+    # one finished run first: the 1e-4 configuration, with the flags the sweep below asks (a run of other flags would
+    # be refused)
+    first = run_learning(tmp_path, cluster.address, *sweep, "--grid", "learning-rate=1e-4", *long_run)
     assert first.returncode == 0, first.stderr[-3000:]
     finished = storage / "runs" / "bench" / LABELS[0] / "Pendulum-v1__1"
     finished_events = sorted(p.name for p in finished.glob("events.*"))
@@ -186,7 +188,7 @@ def test_ctrl_c_keeps_finished_runs_and_storage_runs_resume(tmp_path, cluster):
     deadline = time.time() + 180
     while time.time() < deadline and not list(interrupted.glob("events.*")):
         time.sleep(0.5)
-    time.sleep(8)
+    time.sleep(3)
     proc.send_signal(signal.SIGINT)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0
@@ -201,19 +203,92 @@ def test_ctrl_c_keeps_finished_runs_and_storage_runs_resume(tmp_path, cluster):
     assert [run[-1] for run in learning.missing_runs(cfg)] == ["resume"], "the next invocation resumes only that one"
 
 
-def test_bootstrap_difference_interval_against_enumerated_resamples():
-    """With 3 seeds a side there are 27 x 27 equally likely resamples: their exact 2.5% and 97.5% quantiles are the
-    reference for the sampled bootstrap."""
-    import itertools
+def test_difference_table_gives_welch_interval_and_the_least_possible_p():
+    """Hand-made runs: Welch's interval by hand (sample variances, Welch-Satterthwaite's degrees of freedom) and
+    scipy's own Welch test agree with the table; the permutation p of two separated groups is its floor."""
+    import math
 
-    import numpy as np
-    from learning_report import bootstrap_difference_interval
+    from learning_report import difference_table, permutation_floor, permutation_pvalue, welch_interval
+    from scipy import stats
 
     a, b = [1.0, 2.0, 6.0], [0.0, 0.5, 1.0]
-    means_a = [np.mean(x) for x in itertools.product(a, repeat=3)]
-    means_b = [np.mean(y) for y in itertools.product(b, repeat=3)]
-    resampled = [x - y for x in means_a for y in means_b]
-    low, high = bootstrap_difference_interval(a, b, reps=200_000)
-    assert low == pytest.approx(np.percentile(resampled, 2.5), abs=0.05)
-    assert high == pytest.approx(np.percentile(resampled, 97.5), abs=0.05)
-    assert bootstrap_difference_interval([3.0, 3.0], [1.0, 1.0]) == (2.0, 2.0)
+    var_a, var_b = 7.0 / 3, 0.25 / 3  # sample variances 7 and 0.25, over 3 seeds each
+    se = math.sqrt(var_a + var_b)
+    dof = se**4 / (var_a**2 / 2 + var_b**2 / 2)
+    assert dof == pytest.approx(2.1427, abs=1e-4)
+    half = stats.t.ppf(0.975, dof) * se
+    low, high = welch_interval(a, b)
+    assert (low, high) == pytest.approx((2.5 - half, 2.5 + half))
+    reference = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert (low, high) == pytest.approx((reference.low, reference.high))
+    assert welch_interval([3.0, 3.0], [1.0, 1.0]) == (2.0, 2.0)
+
+    assert permutation_floor(3, 3) == pytest.approx(0.1) and permutation_floor(4, 4) == pytest.approx(2 / 70)
+    assert permutation_floor(3, 4) == pytest.approx(1 / 35)
+    high_seeds, low_seeds = [10.0, 11.0, 12.0, 13.0], [1.0, 2.0, 3.0, 4.0]
+    assert permutation_pvalue(high_seeds, low_seeds) == pytest.approx(permutation_floor(4, 4))
+
+    rows = [
+        {"env": "Hopper-v5", "impl": "base", "finals": low_seeds, "final": 2.5},
+        {"env": "Hopper-v5", "impl": "new", "finals": high_seeds, "final": 11.5},
+    ]
+    table = "\n".join(difference_table(rows, "base"))
+    low, high = welch_interval(high_seeds, low_seeds)
+    assert f"| Hopper-v5 | new | +9 | [{low:+.0f}, {high:+.0f}] | 0.029 | 0.029 |" in table
+    assert "Welch" in table and "least possible p" in table
+
+
+def test_final_table_gives_per_seed_finals_sample_std_and_flags_mixed_code():
+    from learning_report import final_return_table, summary_row
+
+    steps, secs = [0, 100], [0.0, 1.0]
+    runs = [(steps, secs, [0.0, value]) for value in (10.0, 20.0, 30.0)]
+    row = summary_row("Hopper-v5", "ppo", [tuple(map(np.asarray, run)) for run in runs], None, ["aaaa"])
+    assert row["final_std"] == pytest.approx(10.0)  # the sample std (n - 1): np.std would say 8.16
+    table = "\n".join(final_return_table([{**row, "target": 1.0}]))
+    assert "| 10, 20, 30 | 20 ± 10 |" in table and "| aaaa |" in table and "Mixed code" not in table
+    mixed = "\n".join(final_return_table([{**row, "target": 1.0}, {**row, "target": 1.0, "codes": ["bbbb"]}]))
+    assert "**Mixed code:** these runs were trained by 2 versions of the scripts (aaaa, bbbb" in mixed
+
+
+def run_local_sweep(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    script = str(REPO / "benchmarks" / "learning.py")
+    argv = [sys.executable, script, "--run", "--envs", "Pendulum-v1", "--impls", "ppo", "--seeds", "1"]
+    argv += ["--num-steps", "512", "--out-dir", str(tmp_path / "out"), *extra]
+    env = dict(os.environ, MPLBACKEND="Agg")
+    return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_a_sweep_never_reuses_a_run_of_other_flags_or_code(tmp_path):
+    """A finished run is reused only when its run.json says the same command and the same code; otherwise the sweep
+    refuses in one line naming the first difference, or reruns it with --rerun-changed."""
+    first = run_local_sweep(tmp_path, "--total-timesteps", "1024", "--num-minibatches", "4")
+    assert first.returncode == 0, first.stderr[-3000:]
+    folder = tmp_path / "runs" / "bench" / "ppo" / "Pendulum-v1__1"
+    record = json.loads((folder / "run.json").read_text())
+    assert "--total-timesteps=1024" in record["command"] and len(record["code"]["scripts_sha256"]) == 64
+    table = (tmp_path / "out" / "learning.md").read_text()
+    assert f"| {record['code']['scripts_sha256'][:12]} |" in table
+
+    again = run_local_sweep(tmp_path, "--total-timesteps", "1024", "--num-minibatches", "4")
+    assert again.returncode == 0 and "learning.py: new" not in again.stderr, "the same sweep trains nothing"
+    for flags, was, asks in [
+        (["--total-timesteps", "2048", "--num-minibatches", "4"], "--total-timesteps=1024", "--total-timesteps=2048"),
+        (["--total-timesteps", "1024", "--num-minibatches", "2"], "--num-minibatches=4", "--num-minibatches=2"),
+    ]:
+        refused = run_local_sweep(tmp_path, *flags)
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr
+        line = refused.stderr.strip()
+        assert "\n" not in line and line.startswith("learning.py: error: runs/bench/ppo/Pendulum-v1__1 was run with")
+        assert f"{was}, this sweep asks {asks}" in line and "--rerun-changed" in line
+    assert json.loads((folder / "summary.json").read_text())["env_steps"] == 1024, "a refusal touches nothing"
+
+    record["code"]["scripts_sha256"] = "0" * 64  # as if trained before the scripts changed
+    (folder / "run.json").write_text(json.dumps(record))
+    refused = run_local_sweep(tmp_path, "--total-timesteps", "1024", "--num-minibatches", "4")
+    assert refused.returncode == 1 and "was trained by other code (scripts 000000000000" in refused.stderr
+
+    rerun = run_local_sweep(tmp_path, "--total-timesteps", "2048", "--num-minibatches", "4", "--rerun-changed")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert json.loads((folder / "summary.json").read_text())["env_steps"] == 2048
+    assert "--total-timesteps=2048" in json.loads((folder / "run.json").read_text())["command"]
