@@ -22,6 +22,8 @@ checkpoint), which the head unpacks into its runs folder.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import io
 import json
 import os
@@ -33,6 +35,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import uuid
 
 from common import REPO, BenchError
 from learning_report import read_curve
@@ -57,9 +60,13 @@ def run_on_node(job: dict) -> dict:
     if job["storage"] and not os.path.isdir(os.path.join(job["storage"], "runs")):
         message = f"--storage {job['storage']} is not there on {node['host']}: mount it on every node"
         return {**node, "returncode": 2, "stderr": message, "seconds": 0.0, "tar": None}
-    work = job["storage"] or tempfile.mkdtemp(prefix="learning_run_")
+    remove_orphaned_work_folders()
+    work = job["storage"] or tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}_")
     folder = os.path.join(work, "runs", job["run_name"])
+    lease = Lease(folder + ".lease", node["host"]) if job["storage"] else None
     try:
+        if lease is not None:
+            lease.take()  # one attempt at a time writes a run folder in the shared storage
         if job["folder_tar"] is not None:
             unpack_folder(job["folder_tar"], folder)
         if os.path.isfile(os.path.join(folder, "checkpoint.pt")) and job["argv"]["resume"]:
@@ -68,20 +75,123 @@ def run_on_node(job: dict) -> dict:
             shutil.rmtree(folder, ignore_errors=True)  # a folder without a checkpoint: the run starts afresh
             argv = job["argv"]["new"]
         os.makedirs(os.path.join(work, "runs"), exist_ok=True)
-        returncode, stderr, seconds = run_trainer(job["python"] or sys.executable, repo, argv, work)
+        returncode, stderr, seconds = run_trainer(job["python"] or sys.executable, repo, argv, work, lease)
         if os.path.isdir(folder):  # where it ran, for the head and the tests
             with open(os.path.join(folder, "node.json"), "w") as f:
                 json.dump({**node, "seconds": round(seconds, 1)}, f)
         folder_tar = None if job["storage"] or not os.path.isdir(folder) else pack_folder(folder)
         return {**node, "returncode": returncode, "stderr": stderr[-2000:], "seconds": seconds, "tar": folder_tar}
+    except LeaseHeld as e:
+        return {**node, "returncode": 1, "stderr": str(e), "seconds": 0.0, "tar": None}
     finally:
+        if lease is not None:
+            lease.drop()
         if not job["storage"]:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def run_trainer(python: str, repo: str, argv: list[str], cwd: str) -> tuple[int, str, float]:
+WORK_PREFIX = "learning_run_"  # a run's temporary folder on a node: learning_run_<pid of its Ray worker>_<random>
+
+
+def remove_orphaned_work_folders() -> None:
+    """Delete the temporary run folders of Ray workers that no longer exist on this node: a worker that was killed
+    (a cancelled or lost task, an out-of-memory kill) never reached its own clean-up."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{WORK_PREFIX}*_*")):
+        pid = os.path.basename(path)[len(WORK_PREFIX) :].split("_")[0]
+        if pid.isdigit() and not process_exists(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+class LeaseHeld(Exception):
+    """Another attempt of the same run holds its folder's lease and keeps renewing it."""
+
+
+class Lease:
+    """The right to write one run folder under --storage, held by one attempt at a time: a file beside the folder
+    naming its holder and when it last renewed it. Ray runs a task again when it believes its node lost, and the old
+    attempt may still be alive (a network partition): the new one waits until the lease is stale (not renewed for
+    LEASE_SECONDS), takes it, and waits one more renewal period before writing, so that an old holder that comes back
+    finds the lease gone and kills its trainer without letting it write. Staleness compares the holder's clock with
+    the taker's: nodes are assumed to keep time (NTP) to well under LEASE_SECONDS."""
+
+    def __init__(self, path: str, host: str):
+        self.path = path
+        self.owner = f"{host}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        self.renewed = 0.0
+
+    def read(self) -> dict | None:
+        try:
+            with open(self.path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def write(self) -> None:
+        tmp = f"{self.path}.{self.owner.rsplit(':', 1)[-1]}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"owner": self.owner, "renewed": time.time()}, f)
+        os.replace(tmp, self.path)
+        self.renewed = time.monotonic()
+
+    def take(self) -> None:
+        seconds = lease_seconds()
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        deadline = time.monotonic() + 3 * seconds
+        while True:
+            held = self.read()
+            if held is None and not os.path.exists(self.path):
+                try:  # O_EXCL: of two attempts creating the lease at once, one wins
+                    os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                    self.write()
+                    return
+                except FileExistsError:
+                    continue
+            if held is None or time.time() - float(held.get("renewed", 0)) > seconds:
+                self.write()  # stale: its holder stopped renewing it
+                time.sleep(seconds / 4 + 1)  # a holder that was only cut off sees this at its next renewal and stops
+                if (self.read() or {}).get("owner") == self.owner:
+                    self.write()
+                    return
+                continue
+            if time.monotonic() > deadline:
+                raise LeaseHeld(f"{os.path.basename(self.path)} is held by {held['owner']}, who keeps renewing it")
+            time.sleep(min(5.0, seconds / 4))
+
+    def keep(self) -> bool:
+        """Renew the lease when a quarter of its life has passed; False once another attempt has taken it."""
+        if time.monotonic() - self.renewed < lease_seconds() / 4:
+            return True
+        if (self.read() or {}).get("owner") != self.owner:
+            return False
+        self.write()
+        return True
+
+    def drop(self) -> None:
+        if (self.read() or {}).get("owner") == self.owner:
+            with contextlib.suppress(OSError):
+                os.remove(self.path)
+
+
+def lease_seconds() -> float:
+    """How long a lease lives without renewal ($LEARNING_LEASE_SECONDS, for tests that lose a node on purpose)."""
+    return float(os.environ.get("LEARNING_LEASE_SECONDS", "60"))
+
+
+def run_trainer(python: str, repo: str, argv: list[str], cwd: str, lease=None) -> tuple[int, str, float]:
     """Run `python repo/argv[0] argv[1:]` in cwd; (exit status, stderr, seconds). The trainer gets SIGTERM when this
-    worker dies (it saves a checkpoint and stops), and SIGINT when the sweep is cancelled with Ctrl-C."""
+    worker dies (it saves a checkpoint and stops), and SIGINT when the sweep is cancelled with Ctrl-C. With a `lease`
+    (--storage), it is renewed while the trainer runs; once another attempt has taken it, the trainer is killed at
+    once, before it writes again."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [repo, os.environ.get("PYTHONPATH")] if p))
     env.setdefault("MPLBACKEND", "Agg")
     start = time.perf_counter()
@@ -103,7 +213,11 @@ def run_trainer(python: str, repo: str, argv: list[str], cwd: str) -> tuple[int,
                     proc.wait(timeout=1)
                     break
                 except subprocess.TimeoutExpired:
-                    continue
+                    if lease is not None and not lease.keep():
+                        proc.kill()
+                        proc.wait()
+                        message = "another attempt of this run took over its folder (this one was cut off too long)"
+                        return 1, message, time.perf_counter() - start
         except BaseException:  # the sweep was cancelled: the trainer saves a checkpoint, then stops
             proc.send_signal(signal.SIGINT)
             proc.wait()
@@ -140,11 +254,38 @@ def pack_folder(folder: str) -> bytes:
 
 
 def unpack_folder(data: bytes, folder: str) -> None:
-    """Replace `folder` with the contents of pack_folder's bytes."""
-    shutil.rmtree(folder, ignore_errors=True)
-    os.makedirs(folder)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+    """Replace `folder` with the contents of pack_folder's bytes. They are unpacked beside it first, and the old folder
+    goes only once the new one is whole: an archive that fails to unpack leaves the old folder as it was."""
+    parent = os.path.dirname(os.path.abspath(folder))
+    os.makedirs(parent, exist_ok=True)
+    unpacked = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(folder)}.new-")
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            extract_safely(tar, unpacked)
+    except BaseException:
+        shutil.rmtree(unpacked, ignore_errors=True)
+        raise
+    old = None
+    if os.path.exists(folder):
+        old = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(folder)}.old-")
+        os.rename(folder, os.path.join(old, "folder"))
+    os.rename(unpacked, folder)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def extract_safely(tar: tarfile.TarFile, folder: str) -> None:
+    """Extract only plain files and folders inside `folder`: tarfile's "data" filter where this Python has it
+    (3.10.12, 3.11.4 and later), else the same check written out."""
+    if hasattr(tarfile, "data_filter"):
         tar.extractall(folder, filter="data")
+        return
+    root = os.path.realpath(folder)
+    for member in tar.getmembers():
+        target = os.path.realpath(os.path.join(folder, member.name))
+        if not (member.isfile() or member.isdir()) or os.path.commonpath([root, target]) != root:
+            raise BenchError(f"refusing to unpack {member.name!r}: not a plain file or folder inside the run folder")
+    tar.extractall(folder)
 
 
 def run_on_cluster(jobs: list[dict], cfg) -> None:
@@ -207,21 +348,27 @@ def collect_runs(pending: dict, cfg, total: int) -> None:
     try:
         while pending:
             (ref,), _ = ray.wait(list(pending), num_returns=1)
-            job = pending.pop(ref)
+            job = pending[ref]  # popped once its folder is unpacked: Ctrl-C before that still keeps it
             try:
                 result = ray.get(ref)
             except ray.exceptions.RayError as e:
+                pending.pop(ref)
                 lines = [line.strip() for line in str(e).splitlines() if line.strip()]
                 failures.append(f"{job['label']}: {lines[-1] if lines else type(e).__name__}")
                 bar.write(f"learning.py: failed {job['label']}: {failures[-1]}", file=sys.stderr)
                 bar.update()
                 continue
             bar.write(f"learning.py: {finished_line(job, result, cfg)}", file=sys.stderr)
+            pending.pop(ref)
             if result["returncode"] != 0:
                 lines = [line for line in result["stderr"].splitlines() if line.strip()]
                 failures.append(f"{job['label']}: exit {result['returncode']}: {lines[-1] if lines else ''}")
             bar.update()
     except KeyboardInterrupt:
+        # Runs that had finished but were not collected yet are unpacked before the others are cancelled.
+        finished, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0) if pending else ([], [])
+        for ref in finished:
+            keep_finished(ref, pending.pop(ref), cfg, bar)
         for ref in pending:
             ray.cancel(ref)  # the task passes Ctrl-C to its trainer, whose checkpoint stays only in --storage
         if pending:
@@ -232,6 +379,17 @@ def collect_runs(pending: dict, cfg, total: int) -> None:
         bar.close()
     if failures:
         raise BenchError(f"{len(failures)} of {total} runs failed; the first: {failures[0]}")
+
+
+def keep_finished(ref, job: dict, cfg, bar) -> None:
+    """After Ctrl-C: unpack a run that had ended but was not collected yet, and say so."""
+    import ray
+
+    try:
+        result = ray.get(ref, timeout=0)
+    except ray.exceptions.RayError:
+        return  # it failed: nothing to keep
+    bar.write(f"learning.py: {finished_line(job, result, cfg)}", file=sys.stderr)
 
 
 def finished_line(job: dict, result: dict, cfg) -> str:

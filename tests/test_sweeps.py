@@ -292,3 +292,106 @@ def test_a_sweep_never_reuses_a_run_of_other_flags_or_code(tmp_path):
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert json.loads((folder / "summary.json").read_text())["env_steps"] == 2048
     assert "--total-timesteps=2048" in json.loads((folder / "run.json").read_text())["command"]
+
+
+def test_unpack_folder_replaces_the_old_folder_only_once_the_new_one_is_whole(tmp_path):
+    from cluster import pack_folder, unpack_folder
+
+    source = tmp_path / "source"
+    (source / "sub").mkdir(parents=True)
+    (source / "sub" / "events").write_text("new")
+    target = tmp_path / "runs" / "run"
+    target.mkdir(parents=True)
+    (target / "checkpoint.pt").write_text("old")
+    with pytest.raises(Exception):  # noqa: B017 (whatever tarfile raises on a broken archive)
+        unpack_folder(b"not a tar.gz", str(target))
+    assert (target / "checkpoint.pt").read_text() == "old", "a failed unpack leaves the old folder as it was"
+    unpack_folder(pack_folder(str(source)), str(target))
+    assert (target / "sub" / "events").read_text() == "new" and not (target / "checkpoint.pt").exists()
+    assert sorted(p.name for p in target.parent.iterdir()) == ["run"], "no half-unpacked or old folder is left"
+
+
+def test_lease_gives_a_run_folder_one_writer_at_a_time(tmp_path, monkeypatch):
+    """While its holder renews it, a second attempt waits and then gives up; once the holder stops renewing (its node
+    was lost), the second takes it over, and the first, if it comes back, finds it gone."""
+    from cluster import Lease, LeaseHeld
+
+    monkeypatch.setenv("LEARNING_LEASE_SECONDS", "1")
+    path = str(tmp_path / "runs" / "Hopper-v5__1.lease")
+    first, second = Lease(path, "a"), Lease(path, "b")
+    first.take()
+    stop = threading.Event()
+
+    def renew() -> None:
+        while not stop.is_set():
+            assert first.keep()
+            time.sleep(0.05)
+
+    renewer = threading.Thread(target=renew)
+    renewer.start()
+    try:
+        with pytest.raises(LeaseHeld, match="is held by a:"):
+            second.take()
+    finally:
+        stop.set()
+        renewer.join()
+    time.sleep(1.2)  # the first stops renewing: its lease goes stale
+    second.take()
+    assert json.loads(Path(path).read_text())["owner"] == second.owner
+    assert not first.keep(), "the first attempt must learn that it lost the folder"
+    first.drop()
+    assert Path(path).exists(), "dropping a lease one no longer holds leaves the holder's"
+    second.drop()
+    assert not Path(path).exists()
+
+
+def test_orphaned_work_folders_of_dead_workers_are_removed(tmp_path, monkeypatch):
+    import tempfile
+
+    from cluster import WORK_PREFIX, remove_orphaned_work_folders
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = tmp_path / f"{WORK_PREFIX}{dead.pid}_abc"
+    alive = tmp_path / f"{WORK_PREFIX}{os.getpid()}_def"
+    for folder in (orphan, alive):
+        (folder / "runs").mkdir(parents=True)
+    remove_orphaned_work_folders()
+    assert not orphan.exists() and alive.exists()
+
+
+def test_a_node_lost_with_storage_resumes_the_run_from_its_checkpoint_on_another_node(tmp_path, monkeypatch):
+    """With --storage the run's folder outlives its node: the retry on node B resumes from the checkpoint that the
+    trainer on A saved (run.json records the resume), once A's lease on the folder has gone stale."""
+    from ray.cluster_utils import Cluster
+
+    monkeypatch.setenv("LEARNING_LEASE_SECONDS", "4")  # read by the nodes' workers, which inherit this environment
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    try:
+        node_a = cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        storage = tmp_path / "shared"
+        sweep = ["--envs", "Pendulum-v1", "--impls", "ppo", "--seeds", "1", "--storage", str(storage)]
+        proc = start_learning(tmp_path, cluster.address, *sweep, "--total-timesteps", "153600", *SHORT[2:])
+        output: list[str] = []
+        reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
+        reader.start()
+        folder = storage / "runs" / "bench" / "ppo" / "Pendulum-v1__1"
+        deadline = time.time() + 180
+        while time.time() < deadline and not (folder / "checkpoint.pt").is_file():
+            time.sleep(0.5)
+        assert (folder / "checkpoint.pt").is_file(), "".join(output)[-3000:]
+        cluster.remove_node(node_a)
+        node_b = cluster.add_node(num_cpus=1)
+        proc.wait(timeout=500)
+        reader.join(timeout=10)
+        text = "".join(output)
+        assert proc.returncode == 0, text[-3000:]
+        assert json.loads((folder / "summary.json").read_text())["env_steps"] == 153600
+        assert json.loads((folder / "node.json").read_text())["node_id"] == node_b.node_id, text
+        resumes = json.loads((folder / "run.json").read_text())["resumes"]
+        assert len(resumes) == 1 and resumes[0]["at_step"] > 0, "the retry resumed from the checkpoint"
+        assert not list(folder.parent.glob("*.lease")), "the lease is dropped when the run ends"
+    finally:
+        cluster.shutdown()
