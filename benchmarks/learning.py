@@ -10,16 +10,21 @@
 Layout: every run logs TensorBoard events under <runs-root>/<group>/<impl>/<env-id>__<seed>/ (ppo_continuous.py and
 dppo_ray.py via --run-name, SB3 via its tensorboard_log). Events are read with tensorboard's EventAccumulator.
 The curve of a run is the mean return of its last 100 episodes, the quantity SB3 logs as rollout/ep_rew_mean, so the
-implementations compare like for like. The table gives the final value (mean ± std over seeds) and the time, in env
-steps and in seconds, at which each run first reached the target return (the DPPO notes ask for both: return at a
-fixed budget, and time to a fixed return). A second table compares each implementation's final return with the first
-one in --impls (an exact permutation test over seeds; a small p means the gap is larger than seed noise).
+implementations compare like for like. The table gives the final value (per seed, and mean ± sample std over seeds)
+and the time, in env steps and in seconds, at which each run first reached the target return (the DPPO notes ask for
+both: return at a fixed budget, and time to a fixed return). A second table compares each implementation's final
+return with the first one in --impls: a Welch t-interval, and an exact permutation test over seeds whose p is printed
+beside the least p its seed counts allow (0.10 with 3 + 3 seeds, 0.029 with 4 + 4).
 For tasks that CleanRL publishes figures for (MuJoCo at 1M steps, dm_control at 8M), one more table per env family
 sets each implementation beside CleanRL's figure, and an aggregate gives the interquartile mean of the scores
 normalized between random actions (0) and CleanRL's mean (1), with stratified-bootstrap intervals (rliable).
 Writes <out-dir>/learning.md, learning.png (return against steps and against seconds) and learning_grid.png (one panel
 per task); --name changes the name. The default <out-dir> is a new folder benchmarks/results/local/<UTC date-time>/,
 which git ignores; --update-committed writes into benchmarks/results/.
+A run is reused only when it is the run asked for: its run.json (written by the trainer when it started) must hold
+the same command, flag for flag, budget included, and the same code (the SHA-256 of the repository's scripts, resumes
+included). Otherwise --run refuses in one line naming the first difference, or with --rerun-changed trains it afresh.
+The tables give each row's code and say so when the runs mix versions.
 --run trains what is missing: --jobs single-process runs (ppo, sb3) at a time, then each DPPO run alone; with
 --ray-address, every run at once as a Ray task on a cluster's nodes, each run's folder coming back here
 (benchmarks/cluster.py). --grid makes configurations of the trainers' flags; each is a row of the tables. --python
