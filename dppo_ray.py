@@ -41,6 +41,7 @@ from run_utils import (
     PROG,
     Monitor,
     RunState,
+    StopRun,
     TrainingLoop,
     UsageError,
     cli,
@@ -88,6 +89,13 @@ class Args(ppo.Args):
     max_is_weight: float = 100.0
     """decoupled: cap of the behaviour-to-proximal importance weight; like Hilton et al.'s reference code, it cuts only
     extreme ratios (1.0 would be V-trace's rho-bar, which also shrinks every step taken on stale data)"""
+    rollout_timeout: float = 0.0
+    """seconds an actor may take for a rollout (or to take a broadcast) before it is restarted and its rollout counted
+    lost; 0: 60 s plus 20 ms per env step of a rollout (--num-envs-per-actor x --num-steps). Ray only: --no-ray steps
+    the envs in this process, where nothing can interrupt them"""
+    max_actor_restarts: int = 20
+    """actor restarts the run rides out (a crashed or timed-out actor, a lost node); one more stops it with a
+    checkpoint and one line naming the cause. Raise it on a cluster whose nodes come and go"""
     ray_address: str | None = None
     """Ray cluster to join (`auto` for the one `ray start` set up on this node); default: start a local Ray"""
     actor_cpus: float | None = None
@@ -103,6 +111,10 @@ def validate_args(args: Args) -> None:
     require_positive(args, ["num_actors", "num_envs_per_actor", "sync_every", "actor_cpus", "max_is_weight"])
     if args.max_policy_lag < 0:
         raise UsageError("--max-policy-lag must be >= 0")
+    if args.rollout_timeout < 0 or not math.isfinite(args.rollout_timeout):
+        raise UsageError("--rollout-timeout must be a number of seconds >= 0 (0: scaled to the rollout's size)")
+    if args.max_actor_restarts < 0:
+        raise UsageError("--max-actor-restarts must be >= 0")
     if args.no_ray and args.ray_address:
         raise UsageError("--no-ray and --ray-address do not fit together")
     if args.mode == "sync" and args.stale_correction != "none" and args.sync_every == 1:
@@ -125,6 +137,9 @@ class RolloutActor(ppo.Sampler):
         in_ray = ray_module is not None and ray_module.is_initialized()
         self.node_id = ray_module.get_runtime_context().get_node_id() if in_ray else "local"
 
+    def started(self) -> str:
+        return self.node_id
+
     def rollout(self, num_steps: int) -> dict[str, np.ndarray]:
         if self.policy is None:
             return {"needs_weights": np.array(True)}
@@ -138,17 +153,32 @@ class Done:
         self.value, self.error = value, error
 
 
+def rollout_timeout(args: Args) -> float:
+    """--rollout-timeout, or by default 60 s plus 20 ms per env step of one rollout: a simulator as slow as 50 steps/s
+    still makes it."""
+    return args.rollout_timeout or 60.0 + 0.02 * args.num_envs_per_actor * args.num_steps
+
+
+STARTUP_SECONDS = 120.0  # the least time an actor is given to start (a new worker process, imports, its envs)
+
+
 class ActorPool:
     """The rollout actors and the learner's side of talking to them: rollouts in flight, weight broadcasts, and
-    re-syncing an actor that Ray restarted (max_restarts=-1, same constructor arguments) after it died."""
+    restarting an actor. Ray restarts an actor that died (same constructor arguments); the pool restarts one whose
+    rollout is late (--rollout-timeout) and re-sends either the weights it lost. Every restart is counted, and one past
+    --max-actor-restarts stops the run (StopRun), as does an exception raised inside an env."""
 
-    def __init__(self, args: Args, ray_module, run_dir: str, state: RunState):
+    def __init__(self, args: Args, ray_module, run_dir: str, state: RunState, loop: TrainingLoop):
         self.ray = ray_module
         self.args = args
+        self.loop = loop  # a signal stops a wait for rollouts, not only the iteration after it
         self.counters = state.counters  # the run's event counts: restarts, lost and dropped rollouts
+        self.restarts = 0  # in this process, against --max-actor-restarts
+        self.timeout = rollout_timeout(args)
         actor_cls = RolloutActor
         if ray_module is not None:
-            actor_cls = ray_module.remote(RolloutActor).options(num_cpus=args.actor_cpus, max_restarts=-1)
+            restarts = args.max_actor_restarts + 1  # Ray's cap per actor; the pool's own count stops the run first
+            actor_cls = ray_module.remote(RolloutActor).options(num_cpus=args.actor_cpus, max_restarts=restarts)
         video_dir = os.path.abspath(os.path.join(run_dir, "videos"))
         self.actors = []
         for index in range(args.num_actors):
@@ -157,9 +187,11 @@ class ActorPool:
             actor_args = dataclasses.replace(args, capture_video=args.capture_video and index == 0)
             init = (args.env_id, args.num_envs_per_actor, seed, actor_args, video_dir, True)
             self.actors.append(RolloutActor(*init) if ray_module is None else actor_cls.remote(*init))
-        self.in_flight: dict = {}  # ref -> actor index
+        self.in_flight: dict = {}  # ref -> (actor index, the time by which its rollout is late)
         self.weights_ref = None
         self.version = -1
+        # Rollouts are timed from here on: starting a worker process and its envs may take longer than one rollout.
+        self.ask_all("started", timeout=max(STARTUP_SECONDS, self.timeout))
 
     def call(self, index: int, method: str, *call_args):
         if self.ray is None:
@@ -169,15 +201,95 @@ class ActorPool:
                 return Done(error=e)
         return getattr(self.actors[index], method).remote(*call_args)
 
-    def get(self, ref):
+    def get(self, ref, timeout: float | None = None):
+        """The result of a call. With Ray, an exception raised inside the actor (an env's step or reset) stops the
+        run with its last line; in --no-ray mode it keeps its full traceback, for the debugger."""
         if self.ray is None:
             if ref.error is not None:
                 raise ref.error
             return ref.value
-        return self.ray.get(ref)
+        try:
+            return self.ray.get(ref, timeout=timeout)
+        except self.ray.exceptions.RayTaskError as e:
+            raise StopRun(f"a rollout actor failed: {error_line(e, -1)}") from None
 
     def actor_errors(self) -> tuple[type[BaseException], ...]:
         return () if self.ray is None else (self.ray.exceptions.RayActorError,)
+
+    def unavailable_errors(self) -> tuple[type[BaseException], ...]:
+        return () if self.ray is None else (self.ray.exceptions.ActorUnavailableError,)
+
+    def timeout_errors(self) -> tuple[type[BaseException], ...]:
+        return () if self.ray is None else (self.ray.exceptions.GetTimeoutError,)
+
+    def wait_timeout(self) -> float | None:
+        """How long a get waits: --rollout-timeout with Ray; in --no-ray mode the call has already returned."""
+        return None if self.ray is None else self.timeout
+
+    def restart(self, index: int, why: str, kill: bool, error: BaseException | None = None) -> None:
+        """Count a restart of actor `index`, Ray's after `error` or, with `kill`, the pool's (a hung actor is killed and
+        Ray starts it again), and re-send it the weights it lost; one past --max-actor-restarts stops the run. An actor
+        that fails again while taking the weights is one more restart. An exception raised in the actor's constructor
+        (its envs' creation or first reset) would only be raised again: it stops the run at once."""
+        cap = self.args.max_actor_restarts
+        while True:
+            if error is not None and getattr(error, "actor_init_failed", False):
+                raise StopRun(f"rollout actor {index} failed as it started: {error_line(error, -1)}")
+            self.restarts += 1
+            self.counters["actor_restarts"] += 1
+            if self.restarts > cap:
+                raise StopRun(f"actor {index} {why}: {self.restarts} actor restarts, past --max-actor-restarts {cap}")
+            if kill:
+                self.ray.kill(self.actors[index], no_restart=False)
+            tqdm.write(
+                f"{PROG}: warning: actor {index} {why}; restarted and re-synced (restart {self.restarts} of at most "
+                f"{cap})",
+                file=sys.stderr,
+            )
+            if self.weights_ref is None:
+                return
+            failure = self.resend_weights(index)
+            if failure is None:
+                return
+            why, kill, error = failure
+
+    def resend_weights(self, index: int) -> tuple[str, bool, BaseException | None] | None:
+        """Send a restarted actor the current weights; None once it has them, else (why, kill, error) for restart.
+        While Ray starts it again it answers that it is unavailable: that is asked again, up to the start-up time."""
+        startup = max(STARTUP_SECONDS, self.timeout)  # the restarted actor starts a new worker and its envs
+        deadline = time.monotonic() + startup
+        while True:
+            try:
+                ack = self.call(index, "set_policy", self.weights_ref, self.version)
+                self.get(ack, None if self.ray is None else max(0.1, deadline - time.monotonic()))
+                return None
+            except self.unavailable_errors():
+                if time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    continue
+                return f"did not come back within {startup:g} s of its restart", True, None
+            except self.actor_errors() as e:
+                return f"failed again on its restart ({describe(e)})", False, e
+            except self.timeout_errors():
+                return f"did not come back within {startup:g} s of its restart", True, None
+
+    def ask_all(self, method: str, *call_args, timeout: float | None = None) -> list:
+        """Every actor's answer to one call, asked of all at once; an actor that fails or does not answer within
+        `timeout` (default --rollout-timeout) is restarted and asked again."""
+        timeout = timeout or self.timeout
+        refs = [self.call(i, method, *call_args) for i in range(len(self.actors))]
+        answers = []
+        for index, ref in enumerate(refs):
+            while True:
+                try:
+                    answers.append(self.get(ref, None if self.ray is None else timeout))
+                    break
+                except self.actor_errors() as e:
+                    self.restart(index, f"failed in {method} ({describe(e)})", False, e)
+                except self.timeout_errors():
+                    self.restart(index, f"did not answer {method} within {timeout:g} s", kill=True)
+                ref = self.call(index, method, *call_args)
+        return answers
 
     def broadcast(self, weights: dict, version: int) -> float:
         """One ray.put of the numpy weights and observation statistics, then one small call per actor. Sync mode
@@ -186,29 +298,39 @@ class ActorPool:
         self.weights_ref = weights if self.ray is None else self.ray.put(weights)
         self.version = version
         acks = [self.call(i, "set_policy", self.weights_ref, version) for i in range(len(self.actors))]
-        for ack in acks if self.args.mode == "sync" else []:
+        for index, ack in enumerate(acks if self.args.mode == "sync" else []):
             try:
-                self.get(ack)
-            except self.actor_errors():
-                pass  # the actor's next rollout call reports the failure, and it is re-synced then
+                self.get(ack, self.wait_timeout())
+            except self.actor_errors() as e:
+                self.restart(index, f"failed ({describe(e)})", False, e)
+            except self.timeout_errors():
+                self.restart(index, f"did not take the weights within --rollout-timeout {self.timeout:g} s", kill=True)
         return time.perf_counter() - start
 
-    def resync(self, index: int, why: str) -> None:
-        """An actor that was restarted, for whatever reason, is counted, reported and sent the weights again."""
-        self.counters["actor_restarts"] += 1
-        tqdm.write(f"{PROG}: warning: actor {index} {why}; it is re-synced", file=sys.stderr)
-        deadline = time.time() + 300  # waits out Ray's restart of the actor, on this node or another
-        while True:
-            try:
-                self.get(self.call(index, "set_policy", self.weights_ref, self.version))
-                return
-            except self.actor_errors():
-                if time.time() > deadline:
-                    raise
-                time.sleep(1.0)
-
     def submit(self, index: int) -> None:
-        self.in_flight[self.call(index, "rollout", self.args.num_steps)] = index
+        self.in_flight[self.call(index, "rollout", self.args.num_steps)] = (index, time.monotonic() + self.timeout)
+
+    def ready(self) -> list:
+        """The rollouts that have arrived. Waits in short steps, so that Ctrl-C or SIGTERM stops the run while an
+        env hangs; an actor whose rollout is late is restarted and sent a new one."""
+        if self.ray is None:
+            return list(self.in_flight)
+        while True:
+            if self.loop.signum is not None:
+                raise Interrupted
+            now = time.monotonic()
+            first_deadline = min(deadline for _, deadline in self.in_flight.values())
+            wait = min(1.0, max(0.0, first_deadline - now))
+            ready, _ = self.ray.wait(list(self.in_flight), num_returns=1, timeout=wait)
+            if ready:
+                return ready
+            for ref, (index, deadline) in list(self.in_flight.items()):
+                if deadline <= time.monotonic() and not self.ray.wait([ref], timeout=0)[0]:
+                    del self.in_flight[ref]
+                    self.counters["lost_rollouts"] += 1
+                    why = f"sent no rollout within --rollout-timeout {self.timeout:g} s; its rollout is lost"
+                    self.restart(index, why, kill=True)
+                    self.submit(index)
 
     def gather(self, version: int, fast_acting: bool) -> tuple[list[dict], list[dict]]:
         """One batch: a rollout from each of --num-actors actors (sync), or the first --num-actors rollouts that are
@@ -220,19 +342,17 @@ class ActorPool:
                 self.submit(i)
         accepted, dropped = {}, []
         while len(accepted) < len(self.actors):
-            refs = list(self.in_flight)
-            ready = refs if self.ray is None else self.ray.wait(refs, num_returns=1)[0]
-            for ref in ready:
-                index = self.in_flight.pop(ref)
+            for ref in self.ready():
+                index, _ = self.in_flight.pop(ref)
                 try:
                     rollout = self.get(ref)
                 except self.actor_errors() as e:
                     self.counters["lost_rollouts"] += 1
-                    self.resync(index, f"failed ({type(e).__name__}) and was restarted by Ray; its rollout is lost")
+                    self.restart(index, f"failed ({describe(e)}); its rollout is lost", False, e)
                     self.submit(index)
                     continue
                 if "needs_weights" in rollout:
-                    self.resync(index, "was restarted before a broadcast reached it")
+                    self.restart(index, "was restarted by Ray before a broadcast reached it", kill=False)
                     self.submit(index)
                     continue
                 if self.args.mode == "async":
@@ -251,6 +371,21 @@ class ActorPool:
                 if len(accepted) == len(self.actors):
                     break
         return [accepted[key] for key in sorted(accepted)], dropped
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM came while the learner waited for rollouts: the iteration stops there."""
+
+
+def describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {error_line(e)}"
+
+
+def error_line(e: BaseException, which: int = 0) -> str:
+    """One line of an exception's message: the first (Ray's own summary), or the last (-1: what an exception raised
+    inside an actor said, under Ray's traceback)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return lines[which] if lines else type(e).__name__
 
 
 def stack_rollouts(rollouts: list[dict]) -> dict:
@@ -282,6 +417,8 @@ def init_ray(args: Args):
     import ray
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    # The calls of an actor that the pool restarted fail unread; the restart is reported in one line, not Ray's trace.
+    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     # Workers inherit the driver's import path, so `module:EnvId` env ids and this repo's modules resolve in actors.
     here = os.path.dirname(os.path.abspath(__file__))
     pythonpath = os.pathsep.join(p for p in [here, os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)
@@ -334,17 +471,13 @@ def train(args: Args) -> int:
     run_dir = run_folder(args)
     ray = init_ray(args)
     try:
-        return learn(args, ray, ckpt, spaces, run_dir, device)
-    except Exception as e:
-        if ray is None or not isinstance(e, ray.exceptions.RayTaskError):
-            raise  # in --no-ray mode an error in an env keeps its full traceback, for the debugger
-        # An exception inside an actor (usually the env's step or reset): report its last line, not Ray's wrapping.
-        last_line = [line for line in str(e).strip().splitlines() if line.strip()][-1]
-        print(f"{PROG}: error: a rollout actor failed: {last_line}", file=sys.stderr)
-        return 1
+        exit_status, error = learn(args, ray, ckpt, spaces, run_dir, device)
     finally:
         if ray is not None:
             ray.shutdown()
+    if error:  # after Ray's shutdown, so that nothing it prints comes after the cause
+        print(f"{PROG}: error: {error}", file=sys.stderr, flush=True)
+    return exit_status
 
 
 def decouple(batch: dict, agent) -> dict:
@@ -356,9 +489,10 @@ def decouple(batch: dict, agent) -> dict:
     return batch
 
 
-def learn(args: Args, ray, ckpt: dict | None, spaces: tuple, run_dir: str, device) -> int:
+def learn(args: Args, ray, ckpt: dict | None, spaces: tuple, run_dir: str, device) -> tuple[int, str | None]:
     """The learner: agent, optimizer and statistics (restored from `ckpt` on --resume), the actors, the loop.
-    `spaces`: the env's (obs_dim, act_dim, discrete, obs_layout, action_bounds)."""
+    `spaces`: the env's (obs_dim, act_dim, discrete, obs_layout, action_bounds). Returns the exit status and, for a
+    run that an actor's failure stopped, its cause."""
     obs_dim, act_dim, discrete, obs_layout, action_bounds = spaces
     learner = ppo.make_learner(args, obs_dim, act_dim, discrete, device)
     learner.agent.obs_layout = obs_layout
@@ -368,30 +502,34 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple, run_dir: str, devic
         state.counters.setdefault(key, 0)
     decoupled = args.stale_correction == "decoupled"
     ppo.start_fast_paths(learner, args, decoupled)
-    pool = ActorPool(args, ray, run_dir, state)
-    if ckpt is None and args.norm_obs and args.obs_warmup_steps:
-        for ref in [pool.call(i, "warm_up", args.obs_warmup_steps) for i in range(args.num_actors)]:
-            learner.obs_rms.update_from_moments(*pool.get(ref))
     monitor = Monitor(args, run_dir, state, act_dim, learner.fast)
     actor_nodes: set[str] = set()
 
     def save_checkpoint() -> None:
         save_atomic(training_checkpoint(learner, args, state, monitor), os.path.join(run_dir, "checkpoint.pt"))
 
-    sync_seconds = pool.broadcast(ppo.policy_weights(learner), state.iteration)
-    last_broadcast = state.iteration
-    learner_seconds = {"wait": 0.0, "prepare": 0.0, "update": 0.0, "broadcast": sync_seconds}  # where its time goes
-    if args.mode == "async":
-        for i in range(args.num_actors):
-            pool.submit(i)
+    learner_seconds = {"wait": 0.0, "prepare": 0.0, "update": 0.0, "broadcast": 0.0}  # where its time goes
     with TrainingLoop(run_dir) as loop:
+        pool = ActorPool(args, ray, run_dir, state, loop)
+        if ckpt is None and args.norm_obs and args.obs_warmup_steps:
+            for moments in pool.ask_all("warm_up", args.obs_warmup_steps):
+                learner.obs_rms.update_from_moments(*moments)
+        sync_seconds = pool.broadcast(ppo.policy_weights(learner), state.iteration)
+        learner_seconds["broadcast"] += sync_seconds
+        last_broadcast = state.iteration
+        if args.mode == "async":
+            for i in range(args.num_actors):
+                pool.submit(i)
         while state.iteration < args.num_iterations and loop.signum is None:
             version = state.iteration  # the learner's policy version: the number of updates so far
             ent_coef = ppo.anneal(learner.optimizer, args, version + 1)
             wait_start = time.perf_counter()
             discarded = True
             while discarded:  # rollouts that a wrong actor acted on are sampled again, the actors acting with torch
-                rollouts, dropped = pool.gather(version, learner.fast.acting)
+                try:
+                    rollouts, dropped = pool.gather(version, learner.fast.acting)
+                except Interrupted:
+                    break
                 for rollout in dropped + rollouts:
                     state.global_step += rollout["rewards"].size
                     monitor.episodes(rollout)
@@ -399,6 +537,8 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple, run_dir: str, devic
                 discarded = ppo.discard_wrongly_acted(learner, rollouts, version + 1, state.counters)
                 if discarded:
                     pool.broadcast(ppo.policy_weights(learner), version)
+            if loop.signum is not None and discarded:
+                break  # a signal came while waiting for rollouts: this iteration has none to train on
             wait_seconds = time.perf_counter() - wait_start
             lags = [version - int(r["policy_version"]) for r in rollouts]
             actor_speed = float(np.mean([r["rewards"].size / float(r["sample_seconds"]) for r in rollouts]))
@@ -438,11 +578,12 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple, run_dir: str, devic
         save_checkpoint()
     extra = {
         "learner_updates": state.iteration,
+        "rollout_timeout_seconds": rollout_timeout(args),
         "actor_nodes": len(actor_nodes),
         "learner_seconds": {k: round(v, 2) for k, v in learner_seconds.items()},
     }
     eval_failed = end_run(monitor, loop.status, learner, state, ppo, extra)
-    return loop.exit_status() or eval_failed
+    return loop.exit_status() or eval_failed, loop.error
 
 
 if __name__ == "__main__":

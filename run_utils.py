@@ -71,6 +71,11 @@ class BadBatchError(Exception):
     """Raised by the numerical guard when the run must stop."""
 
 
+class StopRun(Exception):
+    """Something outside the learner (an env that keeps crashing or hanging, an actor that will not come back) ends the
+    run between two updates: the learner's state is whole, so it is saved, and the message is the run's last line."""
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Checkpoint files: written atomically, read with weights_only=True so that a shared file cannot run code
 # ---------------------------------------------------------------------------------------------------------------------
@@ -162,6 +167,8 @@ MACHINE_FLAGS = {
     "object_store_memory",
     "no_ray",
     "fast_path",
+    "rollout_timeout",
+    "max_actor_restarts",
 }
 RUN_LENGTH_FLAGS = {"total_timesteps", "run_name", "eval_episodes", "checkpoint_every", "save_model", "guard_patience"}
 COMPUTED_FLAGS = {"batch_size", "minibatch_size", "num_iterations", "num_envs"}
@@ -355,13 +362,15 @@ class TrainingLoop:
     Ctrl-C (SIGINT) or a cluster's preemption (SIGTERM) sets `signum`: the loop finishes its iteration and stops, a
     checkpoint is saved, the exit status is 130 or 143. A second signal quits at once (`hard`: the state may be
     mid-iteration, so the last checkpoint written at an iteration boundary is kept). The guard's BadBatchError ends
-    the run with one line ("stopped_by_guard", exit status 1)."""
+    the run with one line ("stopped_by_guard", exit status 1). A StopRun ends it as "failed" (exit status 1) with a
+    checkpoint; its message is kept in `error` for the script to print last."""
 
     def __init__(self, run_dir: str):
         self.run_dir = run_dir
         self.signum = None
         self.status = "running"
         self.hard = False
+        self.error: str | None = None
 
     def __enter__(self):
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -393,16 +402,21 @@ class TrainingLoop:
         elif issubclass(exc_type, BadBatchError):
             self.status = "stopped_by_guard"
             tqdm.write(f"{PROG}: error: {exc}; the last good checkpoint stays in {self.run_dir}", file=sys.stderr)
-        return exc_type is None or issubclass(exc_type, (KeyboardInterrupt, BadBatchError))
+        elif issubclass(exc_type, StopRun):
+            self.status = "failed"
+            self.error = str(exc)  # printed by the script as its very last line, once everything is shut down
+        return exc_type is None or issubclass(exc_type, (KeyboardInterrupt, BadBatchError, StopRun))
 
     @property
     def keeps_state(self) -> bool:
         """Whether the state is whole and worth a checkpoint: not after a second signal, nor when the guard stopped
-        the run (the last good checkpoint then stays)."""
-        return self.status in ("completed", "interrupted") and not self.hard
+        the run (the last good checkpoint then stays). A StopRun comes between updates: that state is whole."""
+        return self.status in ("completed", "interrupted", "failed") and not self.hard
 
     def exit_status(self) -> int:
-        return {"completed": 0, "stopped_by_guard": 1}.get(self.status, 128 + (self.signum or signal.SIGINT))
+        return {"completed": 0, "stopped_by_guard": 1, "failed": 1}.get(
+            self.status, 128 + (self.signum or signal.SIGINT)
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -767,7 +781,7 @@ def end_run(monitor: Monitor, status: str, learner, state: RunState, script, ext
     if monitor.recent_returns:
         line += f"; mean return of the last {len(monitor.recent_returns)} episodes {monitor.mean_return():.2f}"
     line += "; curves: tensorboard --logdir runs"
-    if status == "interrupted":
+    if status in ("interrupted", "failed"):
         line += f"; continue with: python {PROG} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
     elif status == "completed" and args.save_model:
         line += f"; evaluate with: python {PROG} --eval-checkpoint {model_path}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -58,6 +59,52 @@ class CrashOnceEnv(CountingEnv):
 
 
 register(id="CrashOnce-v0", entry_point=CrashOnceEnv, max_episode_steps=5, kwargs={"length": 1000})
+
+
+class HangOnceEnv(CountingEnv):
+    """A simulator that deadlocks once: on its `hang_at`-th step, if the file named by $DPPO_HANG_MARKER does not
+    exist yet, it creates the file and never returns from step (it sleeps until its process is killed). Every other
+    step takes `step_seconds`."""
+
+    def __init__(self, hang_at: int = 300, step_seconds: float = 0.002, **kwargs):
+        super().__init__(**kwargs)
+        self.hang_at, self.step_seconds = hang_at, step_seconds
+
+    def step(self, action):
+        marker = os.environ.get("DPPO_HANG_MARKER")
+        if marker and self.total_steps + 1 == self.hang_at and not os.path.exists(marker):
+            open(marker, "w").close()
+            while True:
+                time.sleep(60)
+        time.sleep(self.step_seconds)  # a simulator's cost: the other actors keep sampling for a while meanwhile
+        return super().step(action)
+
+
+register(id="HangOnce-v0", entry_point=HangOnceEnv, max_episode_steps=5, kwargs={"length": 1000})
+
+
+class BrokenResetEnv(CountingEnv):
+    """A simulator that breaks for good after a while: from its process's `after`-th reset on (or
+    $DPPO_RESETS_BEFORE_FAILURE's), every reset raises (`how="raise"`) or takes the process down without cleanup
+    (`how="kill"`, as a segfault in C code would). A restarted process counts afresh, so a killed one comes back and
+    dies again."""
+
+    def __init__(self, after: int = 200, how: str = "raise", **kwargs):
+        super().__init__(**kwargs)
+        self.after = int(os.environ.get("DPPO_RESETS_BEFORE_FAILURE", after))
+        self.how, self.resets = how, 0
+
+    def reset(self, *, seed=None, options=None):
+        self.resets += 1
+        if self.resets >= self.after:
+            if self.how == "kill":
+                os._exit(1)
+            raise RuntimeError(f"simulator lost its connection on reset {self.resets}")
+        return super().reset(seed=seed, options=options)
+
+
+register(id="RaisesOnReset-v0", entry_point=BrokenResetEnv, max_episode_steps=5, kwargs={"length": 1000})
+register(id="DiesOnReset-v0", entry_point=BrokenResetEnv, max_episode_steps=5, kwargs={"length": 1000, "how": "kill"})
 
 
 class FlakyEnv(CountingEnv):

@@ -169,6 +169,109 @@ def test_killed_actor_is_restarted_and_the_run_completes(tmp_path):
     assert s["actor_restarts"] >= 1 and s["lost_rollouts"] >= 1
 
 
+FAULT = ["--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2", "--quiet"]
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+@pytest.mark.parametrize("mode, total", [("sync", 2560), ("async", 6400)])
+def test_an_env_that_hangs_once_gets_its_actor_restarted_and_the_run_does_every_step(tmp_path, mode, total):
+    """A simulator that deadlocks in one step: its actor's rollout is late, the actor is killed and restarted, and the
+    run trains every step it was asked for. In async mode the other actor samples meanwhile (the run is long enough for
+    the timeout to come first)."""
+    before = ray_processes()
+    marker = tmp_path / "hung"
+    args = ["--env-id", "tests.envs:HangOnce-v0", "--mode", mode, *FAULT, "--rollout-timeout", "4"]
+    result = run(
+        [*args, "--total-timesteps", str(total), "--run-name", "h"], tmp_path, env={"DPPO_HANG_MARKER": str(marker)}
+    )
+    assert result.returncode == 0, result.stderr
+    assert marker.exists(), "the test env should have hung"
+    assert "sent no rollout within --rollout-timeout 4 s; its rollout is lost; restarted" in result.stderr
+    s = summary(tmp_path, "h")
+    assert s["status"] == "completed" and s["env_steps"] == total and s["learner_updates"] == total // 128
+    assert s["actor_restarts"] == 1 and s["lost_rollouts"] == 1
+    time.sleep(2)
+    assert not ray_processes() - before, "Ray processes (the hung actor's among them) were left behind"
+
+
+@pytest.mark.parametrize(
+    "env_id, flags, cause",
+    [
+        # an exception inside the env: no restart helps, the run stops at once
+        ("RaisesOnReset-v0", [], "a rollout actor failed: RuntimeError: simulator lost its connection on reset 200"),
+        # the process dies on every reset after a while, and again after each restart: stopped past the cap
+        ("DiesOnReset-v0", ["--max-actor-restarts", "2"], "3 actor restarts, past --max-actor-restarts 2"),
+    ],
+)
+def test_an_env_that_breaks_for_good_stops_the_run_with_a_checkpoint(tmp_path, env_id, flags, cause):
+    before = ray_processes()
+    args = ["--env-id", f"tests.envs:{env_id}", *FAULT, *flags, "--total-timesteps", "1000000", "--run-name", "b"]
+    result = run(args, tmp_path, env={"PYTHONWARNINGS": "ignore"})
+    assert result.returncode == 1, result.stderr
+    assert last_line(result.stderr).startswith("dppo_ray.py: error: ") and cause in last_line(result.stderr)
+    assert "Traceback" not in result.stderr and "Unhandled error" not in result.stderr, result.stderr
+    s = summary(tmp_path, "b")
+    assert s["status"] == "failed" and s["learner_updates"] >= 1, "the iterations trained before it are kept"
+    ckpt = torch.load(tmp_path / "runs" / "b" / "checkpoint.pt", weights_only=True)
+    assert ckpt["iteration"] == s["learner_updates"] and ckpt["global_step"] > 0
+    assert f"--resume {Path('runs', 'b', 'checkpoint.pt')}" in result.stdout
+    time.sleep(2)
+    assert not ray_processes() - before, "Ray processes were left behind"
+
+
+@pytest.mark.parametrize(
+    "env_id, cause",
+    [
+        # its process dies on the first reset, in the actor's constructor: Ray's restarts of it are bounded too
+        ("DiesOnReset-v0", "past --max-actor-restarts 1"),
+        # an exception there would only be raised again: no restart
+        ("RaisesOnReset-v0", "rollout actor 0 failed as it started: RuntimeError: simulator lost its connection"),
+    ],
+)
+def test_an_actor_that_fails_as_it_starts_stops_the_run(tmp_path, env_id, cause):
+    before = ray_processes()
+    args = ["--env-id", f"tests.envs:{env_id}", *FAULT, "--max-actor-restarts", "1", "--run-name", "d"]
+    result = run([*args, "--total-timesteps", "1000000"], tmp_path, env={"DPPO_RESETS_BEFORE_FAILURE": "1"})
+    assert result.returncode == 1, result.stderr
+    assert cause in last_line(result.stderr) and "Traceback" not in result.stderr, result.stderr
+    assert summary(tmp_path, "d")["status"] == "failed" and (tmp_path / "runs" / "d" / "checkpoint.pt").is_file()
+    time.sleep(2)
+    assert not ray_processes() - before, "Ray processes were left behind"
+
+
+def test_sigterm_while_an_env_hangs_saves_a_checkpoint_at_once(tmp_path):
+    """The learner waits for rollouts in short steps: a preemption's SIGTERM does not wait out the rollout timeout."""
+    before = ray_processes()
+    marker = tmp_path / "hung"
+    env = dict(os.environ, PYTHONPATH=str(REPO), DPPO_HANG_MARKER=str(marker))
+    args = ["--env-id", "tests.envs:HangOnce-v0", *FAULT, "--total-timesteps", "1000000", "--run-name", "t"]
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and not marker.exists():
+        time.sleep(0.2)
+    assert marker.exists(), "the test env should have hung"
+    time.sleep(1)
+    proc.send_signal(signal.SIGTERM)
+    start = time.time()
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and time.time() - start < 30, stderr
+    assert "Traceback" not in stderr
+    assert summary(tmp_path, "t")["status"] == "interrupted" and (tmp_path / "runs" / "t" / "checkpoint.pt").is_file()
+    time.sleep(2)
+    assert not ray_processes() - before, "Ray processes were left behind"
+
+
 def test_two_node_cluster_places_actors_on_both_nodes(tmp_path):
     from ray.cluster_utils import Cluster
 
