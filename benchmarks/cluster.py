@@ -13,7 +13,8 @@ return the run folder itself, so a sweep needs nothing shared, and tasks have wh
 - resources: a ppo or SB3 run asks 1 CPU, a DPPO run its actors' CPUs plus the learner's;
 - placement: "SPREAD" puts the runs on different nodes while there is room;
 - faults: a task whose node or worker dies is retried on another node (max_retries). Without --storage its folder
-  was on the lost node, so the retry starts it afresh; with --storage it resumes from its last checkpoint.
+  was on the lost node, so the retry starts it afresh; with --storage it resumes from its last checkpoint, once the
+  lost attempt's lease on the folder has gone stale (a minute; see Lease: one attempt writes a run folder at a time).
 The code travels as the job's working_dir (Ray uploads this repo, less runs, venvs and results, to every node); the
 trainer runs there as a subprocess, exactly the command that learning.py runs locally, in a temporary folder of that
 node. When it ends, the task returns its run folder as a tar.gz (TensorBoard events, summary.json, the model and
@@ -156,7 +157,11 @@ class Lease:
                     return
                 except FileExistsError:
                     continue
-            if held is None or time.time() - float(held.get("renewed", 0)) > seconds:
+            if held is None:  # being written by its creator, or left half-written by one that died
+                stale = time.time() - os.path.getmtime(self.path) > seconds if os.path.exists(self.path) else True
+            else:
+                stale = time.time() - float(held.get("renewed", 0)) > seconds
+            if stale:
                 self.write()  # stale: its holder stopped renewing it
                 time.sleep(seconds / 4 + 1)  # a holder that was only cut off sees this at its next renewal and stops
                 if (self.read() or {}).get("owner") == self.owner:
