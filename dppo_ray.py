@@ -84,8 +84,9 @@ class Args(ppo.Args):
     window would otherwise close on every rollout in flight, so no combination can stall)"""
     max_policy_lag: int = 2
     """async: drop rollouts produced by a policy more than this many updates older than the learner's"""
-    stale_correction: Literal["none", "decoupled"] = "none"
-    """none: plain PPO on whatever policy sampled; decoupled: decoupled PPO (Hilton et al. 2021), see README"""
+    stale_correction: Literal["auto", "none", "decoupled"] = "auto"
+    """none: plain PPO on whatever policy sampled; decoupled: decoupled PPO (Hilton et al. 2021), see README; auto:
+    decoupled where the data can be stale (--mode async, or --sync-every above 1), none where it cannot"""
     max_is_weight: float = 100.0
     """decoupled: cap of the behaviour-to-proximal importance weight; like Hilton et al.'s reference code, it cuts only
     extreme ratios (1.0 would be V-trace's rho-bar, which also shrinks every step taken on stale data)"""
@@ -117,7 +118,10 @@ def validate_args(args: Args) -> None:
         raise UsageError("--max-actor-restarts must be >= 0")
     if args.no_ray and args.ray_address:
         raise UsageError("--no-ray and --ray-address do not fit together")
-    if args.mode == "sync" and args.stale_correction != "none" and args.sync_every == 1:
+    can_be_stale = args.mode == "async" or args.sync_every > 1
+    if args.stale_correction == "auto":
+        args.stale_correction = "decoupled" if can_be_stale else "none"
+    elif args.stale_correction != "none" and not can_be_stale:
         raise UsageError("--stale-correction needs stale data: use --mode async or --sync-every > 1")
     args.num_envs = args.num_actors * args.num_envs_per_actor
     shape = f"--num-actors {args.num_actors} x --num-envs-per-actor {args.num_envs_per_actor} x --num-steps"

@@ -381,3 +381,15 @@ def test_corrupt_checkpoint_refused(tmp_path):
     bad.write_bytes(b"garbage")
     result = run(["--eval-checkpoint", str(bad)], tmp_path)
     assert result.returncode == 2 and f"cannot load checkpoint {bad}" in result.stderr
+
+
+def test_stale_correction_defaults_to_decoupled_only_where_data_can_be_stale():
+    import dppo_ray
+
+    for mode, sync_every, expected in [("async", 1, "decoupled"), ("sync", 2, "decoupled"), ("sync", 1, "none")]:
+        args = dppo_ray.Args(env_id="Pendulum-v1", mode=mode, sync_every=sync_every)
+        dppo_ray.validate_args(args)
+        assert args.stale_correction == expected, (mode, sync_every)
+    args = dppo_ray.Args(env_id="Pendulum-v1", mode="async", stale_correction="none")
+    dppo_ray.validate_args(args)
+    assert args.stale_correction == "none", "an explicit choice stays"
