@@ -289,7 +289,8 @@ def extract_safely(tar: tarfile.TarFile, folder: str) -> None:
     for member in tar.getmembers():
         target = os.path.realpath(os.path.join(folder, member.name))
         if not (member.isfile() or member.isdir()) or os.path.commonpath([root, target]) != root:
-            raise BenchError(f"refusing to unpack {member.name!r}: not a plain file or folder inside the run folder")
+            # ValueError, not BenchError: this runs on the nodes too, where benchmarks/common.py cannot be imported
+            raise ValueError(f"refusing to unpack {member.name!r}: not a plain file or folder inside the run folder")
     tar.extractall(folder)
 
 
