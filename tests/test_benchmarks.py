@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-
+from tests.conftest import REPO, run_python
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -35,9 +34,8 @@ def test_permutation_pvalue_against_hand_counts():
 
 
 def run_quick(script: str, out_dir: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO), MPLBACKEND="Agg")
-    argv = [sys.executable, str(REPO / "benchmarks" / script), "--quick", "--out-dir", str(out_dir), *extra]
-    return subprocess.run(argv, cwd=out_dir, env=env, capture_output=True, text=True, timeout=600)
+    args = ["--quick", "--out-dir", str(out_dir), *extra]
+    return run_python(REPO / "benchmarks" / script, args, out_dir, timeout=600, env={"MPLBACKEND": "Agg"})
 
 
 @pytest.mark.parametrize(
@@ -153,9 +151,7 @@ def test_venv_python_found_by_location_not_working_directory(tmp_path, monkeypat
 
 
 def run_script(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO), MPLBACKEND="Agg")
-    argv = [sys.executable, str(REPO / "benchmarks" / script), *args]
-    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    return run_python(REPO / "benchmarks" / script, args, cwd, timeout=120, env={"MPLBACKEND": "Agg"})
 
 
 @pytest.mark.parametrize(

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO, run_python, scalars
+
 sys.path.insert(0, str(REPO))
 
 import dppo_ray  # noqa: E402
@@ -31,15 +31,7 @@ COMMON = ["--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "4"
 
 
 def run(script: str, args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    command = [sys.executable, str(REPO / script), *args]
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars(tag)]
+    return run_python(REPO / script, args, cwd, timeout)
 
 
 def test_dppo_has_every_flag_of_ppo_with_the_same_default_and_meaning():

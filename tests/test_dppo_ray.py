@@ -16,7 +16,8 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO, run_python, tensorboard_events
+
 SCRIPT = REPO / "dppo_ray.py"
 
 CARTPOLE = ["--env-id", "CartPole-v1", "--num-actors", "2", "--num-envs-per-actor", "2", "--num-steps", "128"]
@@ -25,10 +26,7 @@ CARTPOLE += ["--quiet"]
 
 
 def run(args: list[str], cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    return run_python(SCRIPT, args, cwd, timeout, env)
 
 
 def summary(cwd: Path, name: str) -> dict:
@@ -36,9 +34,7 @@ def summary(cwd: Path, name: str) -> dict:
 
 
 def scalars(cwd: Path, name: str, tag: str) -> list[float]:
-    acc = EventAccumulator(str(cwd / "runs" / name), size_guidance={"scalars": 0})
-    acc.Reload()
-    return [e.value for e in acc.Scalars(tag)]
+    return [e.value for e in tensorboard_events(cwd / "runs" / name).Scalars(tag)]
 
 
 def ray_processes() -> set[int]:

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO, run_python, start_python, tensorboard_events
+
 sys.path.insert(0, str(REPO / "benchmarks"))
 from edits import AUDITED, EDITS, EXPECTED, edited_copy  # noqa: E402
 
@@ -40,12 +40,7 @@ FLAGS = {
 def run_both(folder: Path, script: str, args: list[str], timeout: int = 300) -> list[subprocess.CompletedProcess]:
     """The script with the fast paths allowed (run "fast") and with --no-fast-path (run "plain"), side by side."""
     commands = [[*args, "--run-name", "fast"], [*args, "--run-name", "plain", "--no-fast-path"]]
-    processes = [
-        subprocess.Popen(
-            [sys.executable, script, *command], cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for command in commands
-    ]
+    processes = [start_python(script, command, folder, repo_on_path=False) for command in commands]
     results = []
     for process, command in zip(processes, commands):
         stdout, stderr = process.communicate(timeout=timeout)
@@ -54,8 +49,7 @@ def run_both(folder: Path, script: str, args: list[str], timeout: int = 300) -> 
 
 
 def losses(run_dir: Path) -> dict[str, np.ndarray]:
-    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    events.Reload()
+    events = tensorboard_events(run_dir)
     tags = [t for t in events.Tags()["scalars"] if t.startswith("losses/") or t == "charts/episodic_return"]
     return {tag: np.array([e.value for e in events.Scalars(tag)]) for tag in tags}
 
@@ -156,8 +150,7 @@ def test_an_edit_runs_as_written_on_a_fast_path_or_the_plain_path(tmp_path, edit
 
 def run_once(folder: Path) -> subprocess.CompletedProcess:
     """The edited copy's ppo_continuous.py, once, as a user runs it (run folder runs/r)."""
-    command = [sys.executable, "ppo_continuous.py", *RUN, "--run-name", "r"]
-    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300)
+    return run_python("ppo_continuous.py", [*RUN, "--run-name", "r"], folder, timeout=300, repo_on_path=False)
 
 
 def test_a_policy_without_an_entropy_is_one_line_saying_what_to_do(tmp_path):

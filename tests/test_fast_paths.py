@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import copy
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from torch.distributions import Independent, Normal, TanhTransform, TransformedDistribution
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO, perturbed_agent
+
 sys.path.insert(0, str(REPO))
 
 import fast_paths  # noqa: E402
@@ -23,15 +23,6 @@ import run_utils  # noqa: E402
 
 SETTINGS = dict(clip_coef=0.2, clip_vloss=True, ent_coef=0.0, vf_coef=0.5, norm_adv=True)
 PLAIN = (ppo_continuous.loss_and_gradients, ppo_continuous.clip_gradients)
-
-
-def perturbed_agent(obs_dim: int = 5, act_dim: int = 2, seed: int = 0) -> ppo_continuous.Agent:
-    torch.manual_seed(seed)
-    agent = ppo_continuous.Agent(obs_dim, act_dim)
-    with torch.no_grad():
-        for p in agent.parameters():
-            p.add_(0.3 * torch.randn_like(p))
-    return agent
 
 
 def random_batch(n: int, obs_dim: int, act_dim: int, obs_scale: float = 1.0) -> dict:

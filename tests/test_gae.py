@@ -5,13 +5,14 @@ from __future__ import annotations
 import io
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # gae.py lives at the repository root
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO))  # gae.py lives at the repository root
 
 from gae import (
     DiscountedReturn,

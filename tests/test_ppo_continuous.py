@@ -17,7 +17,8 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO, perturbed_agent, run_python, tensorboard_events
+
 SCRIPT = REPO / "ppo_continuous.py"
 sys.path.insert(0, str(REPO))
 
@@ -31,22 +32,11 @@ SMALL = ["--num-envs", "4", "--num-steps", "64", "--num-minibatches", "4", "--up
 
 
 def run(args: list[str], cwd: Path, timeout: float = 240, **kwargs) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO))  # lets `--env-id tests.envs:...` import the test envs
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        **kwargs,
-    )
+    return run_python(SCRIPT, args, cwd, timeout, **kwargs)
 
 
 def scalars(run_dir: Path) -> EventAccumulator:
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "histograms": 0})
-    acc.Reload()
-    return acc
+    return tensorboard_events(run_dir, histograms=0)
 
 
 CLEANRL_TAGS = [
@@ -409,15 +399,6 @@ def learner_for(agent: ppo_continuous.Agent, obs_rms, fast_acting: bool) -> ppo_
     learner = ppo_continuous.Learner(agent, torch.optim.Adam(agent.parameters()), obs_rms, None)
     learner.fast.acting = fast_acting
     return learner
-
-
-def perturbed_agent(obs_dim: int, act_dim: int, discrete: bool) -> ppo_continuous.Agent:
-    torch.manual_seed(0)
-    agent = ppo_continuous.Agent(obs_dim, act_dim, discrete)
-    with torch.no_grad():
-        for p in agent.parameters():
-            p.add_(0.3 * torch.randn_like(p))
-    return agent
 
 
 @pytest.mark.parametrize("fast", [True, False])

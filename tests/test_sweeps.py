@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO, run_python, start_python
+
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 # Short Pendulum runs, 2 configurations x 2 seeds.
@@ -25,22 +26,22 @@ SWEEP = ["--envs", "Pendulum-v1", "--impls", "ppo", "--seeds", "2", "--grid", "l
 SHORT = ["--total-timesteps", "2048", "--num-steps", "512", "--num-minibatches", "4"]
 LABELS = ["ppo__learning-rate=1e-4", "ppo__learning-rate=3e-4"]
 
+LEARNING = REPO / "benchmarks" / "learning.py"
+PLOTS = {"MPLBACKEND": "Agg"}  # no display
 
-def learning_command(tmp_path: Path, address: str, *extra: str) -> list[str]:
-    script = str(REPO / "benchmarks" / "learning.py")
-    return [sys.executable, script, "--run", "--ray-address", address, "--out-dir", str(tmp_path / "out"), *extra]
+
+def learning_args(tmp_path: Path, address: str, *extra: str) -> list[str]:
+    return ["--run", "--ray-address", address, "--out-dir", str(tmp_path / "out"), *extra]
 
 
 def run_learning(tmp_path: Path, address: str, *extra: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, MPLBACKEND="Agg")
-    argv = learning_command(tmp_path, address, *extra)
-    return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    args = learning_args(tmp_path, address, *extra)
+    return run_python(LEARNING, args, tmp_path, timeout=600, env=PLOTS, repo_on_path=False)
 
 
 def start_learning(tmp_path: Path, address: str, *extra: str) -> subprocess.Popen:
-    env = dict(os.environ, MPLBACKEND="Agg")
-    argv = learning_command(tmp_path, address, *extra)
-    return subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    args = learning_args(tmp_path, address, *extra)
+    return start_python(LEARNING, args, tmp_path, env=PLOTS, repo_on_path=False, stderr=subprocess.STDOUT)
 
 
 def trainers_running(marker: str) -> list[int]:
@@ -252,11 +253,9 @@ def test_final_table_gives_per_seed_finals_sample_std_and_flags_mixed_code():
 
 
 def run_local_sweep(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
-    script = str(REPO / "benchmarks" / "learning.py")
-    argv = [sys.executable, script, "--run", "--envs", "Pendulum-v1", "--impls", "ppo", "--seeds", "1"]
-    argv += ["--num-steps", "512", "--out-dir", str(tmp_path / "out"), *extra]
-    env = dict(os.environ, MPLBACKEND="Agg")
-    return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    args = ["--run", "--envs", "Pendulum-v1", "--impls", "ppo", "--seeds", "1"]
+    args += ["--num-steps", "512", "--out-dir", str(tmp_path / "out"), *extra]
+    return run_python(LEARNING, args, tmp_path, timeout=600, env=PLOTS, repo_on_path=False)
 
 
 def test_a_sweep_never_reuses_a_run_of_other_flags_or_code(tmp_path):

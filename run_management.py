@@ -1,0 +1,533 @@
+"""A training run's life around the algorithm, shared by ppo_continuous.py and dppo_ray.py: the command line, the run
+folder and its run.json, seeding, Ctrl-C/SIGTERM, the TensorBoard writer, the console (progress bar, the guard's
+counters, health warnings), summary.json and the closing line.
+
+None of this is the algorithm (that is gae.py and ppo_continuous.py); it is what makes a run safe to interrupt, resume
+and compare. Checkpoints and saved policies are checkpoints.py's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections import deque
+
+import gymnasium as gym
+import numpy as np
+import torch
+import tyro
+from tqdm import tqdm
+
+from checkpoints import (
+    MACHINE_FLAGS,
+    DistributionGap,
+    Policy,
+    RunState,
+    UsageError,
+    evaluate,
+    load_checkpoint,
+    policy_state,
+    resumed_args,
+    run_eval_checkpoint,
+    save_atomic,
+)
+
+PROG = os.path.basename(sys.argv[0]) if sys.argv[0].endswith(".py") else "ppo_continuous.py"
+
+
+def distribution_gap(e: NotImplementedError) -> DistributionGap | None:
+    """What torch.distributions left unimplemented, when that is where `e` comes from (its message is empty)."""
+    frames = [frame for frame, _ in traceback.walk_tb(e.__traceback__)]
+    inside = [f for f in frames if f"torch{os.sep}distributions" in f.f_code.co_filename]
+    if not inside:
+        return None
+    frame = inside[-1]
+    owner = frame.f_locals.get("self")
+    what = frame.f_code.co_name.strip("_")
+    name = f"{type(owner).__name__}.{what}" if owner is not None else what
+    advice = {
+        "entropy": "make Agent.evaluate return an estimate instead, for example -log_prob(action) (README, Changing "
+        "the algorithm: the tanh-squashed Gaussian)",
+        "mode": "give the distribution a mode, or return one that has one from Agent.get_distribution",
+        "mean": "give the distribution a mean, or return one that has one from Agent.get_distribution",
+    }.get(what, "implement it, or return a distribution that has it from Agent.get_distribution")
+    return DistributionGap(f"the policy's distribution has no {what} ({name} is not implemented): {advice}")
+
+
+class BadBatchError(Exception):
+    """Raised by the numerical guard when the run must stop."""
+
+
+class StopRun(Exception):
+    """Something outside the learner (an env that keeps crashing or hanging, an actor that will not come back) ends the
+    run between two updates: the learner's state is whole, so it is saved, and the message is the run's last line."""
+
+
+def mujoco_warning(message: str) -> None:
+    """MuJoCo's warnings, less one: gymnasium's HalfCheetah model (and dm_control's cheetah) sets `settotalmass`, which
+    MuJoCo 3.17 and 4.0 deprecate but still apply (the body masses are the same in both), so it says nothing a user can
+    act on. Others go to stderr as MuJoCo prints them."""
+    if "settotalmass" not in message:
+        print(f"WARNING: {message}", file=sys.stderr)
+
+
+def quiet_mujoco_log() -> None:
+    """MuJoCo's warnings through mujoco_warning, which also keeps MuJoCo from writing MUJOCO_LOG.TXT into the working
+    directory of every process that builds a model."""
+    try:
+        import mujoco
+    except ImportError:
+        return
+    mujoco.set_mju_user_warning(mujoco_warning)
+
+
+def defer_dynamo_import() -> None:
+    """torch.optim.Optimizer wraps add_param_group, state_dict, load_state_dict and zero_grad in torch._disable_dynamo,
+    which imports torch._dynamo (torch.compile's tracer, with sympy) on their first call, only to keep a compiler out
+    of them. Building the Adam of make_learner would pay that import at every start-up, though nothing compiles. While
+    torch._dynamo is not imported no frame can be compiling, so these calls go straight to the method; once something
+    imports it (torch.compile in an edited copy, or optimizer.step on the plain path), torch's own wrapper takes over.
+    A torch without this private hook is left as it is."""
+    for name in ("add_param_group", "state_dict", "load_state_dict", "zero_grad"):
+        method = getattr(torch.optim.Optimizer, name)
+        inner = getattr(method, "__wrapped__", None)
+        if inner is None or getattr(inner, "__dynamo_disable", None) is not None or "torch._dynamo" in sys.modules:
+            continue
+        setattr(inner, "__dynamo_disable", direct_until_dynamo(method, inner))
+
+
+def direct_until_dynamo(method, inner):
+    """Call `inner` as it is until torch._dynamo is imported, then hand back to torch's wrapper `method`."""
+
+    def call(*args, **kwargs):
+        if "torch._dynamo" in sys.modules:
+            delattr(inner, "__dynamo_disable")  # the wrapper builds its dynamo-disabled call on the next line
+            return method(*args, **kwargs)
+        return inner(*args, **kwargs)
+
+    return call
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A run: what it is (run.json), seeding, its folder and writer, Ctrl-C/SIGTERM
+# ---------------------------------------------------------------------------------------------------------------------
+def code_version(scripts: list[str] | None = None) -> dict:
+    """Which code a run trains with: a SHA-256 of its scripts (by default the repository's top-level ones: the trainers
+    and the modules they import), which decides whether two runs compare, and for the reader the git commit and
+    whether those scripts differ from it (None where there is no git checkout, as on a Ray node that got an upload)."""
+    repo = os.path.dirname(os.path.abspath(__file__))
+    if scripts is None:
+        scripts = sorted(os.path.join(repo, n) for n in os.listdir(repo) if n.endswith(".py"))
+    digest = hashlib.sha256()
+    for path in scripts:
+        with open(path, "rb") as f:
+            digest.update(os.path.basename(path).encode() + b"\0" + f.read() + b"\0")
+    version = {"scripts_sha256": digest.hexdigest(), "commit": None, "scripts_clean": None}
+    folder = os.path.dirname(os.path.abspath(scripts[0])) if scripts else repo
+    git = {"cwd": folder, "capture_output": True, "text": True, "timeout": 10}
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], **git)
+        changed = subprocess.run(["git", "status", "--porcelain", "--", *scripts], **git)
+    except (OSError, subprocess.TimeoutExpired):
+        return version
+    if commit.returncode == 0 and changed.returncode == 0:
+        version.update(commit=commit.stdout.strip(), scripts_clean=not changed.stdout.strip())
+    return version
+
+
+def record_run(run_dir: str, command: list[str], extra: dict, resumed_at: int | None, scripts=None) -> None:
+    """run.json: what the run is, written when it starts, so that a crashed run says it too. A new run records its
+    command line and its code (code_version); each resume adds its own command and code under "resumes", so a run
+    continued by other code says so."""
+    path = os.path.join(run_dir, "run.json")
+    entry = {"command": command, "code": code_version(scripts)}
+    if resumed_at is None or not os.path.isfile(path):
+        record = {**entry, **extra, "resumes": []}
+        if resumed_at is not None:
+            record["resumed_without_record_at_step"] = resumed_at
+    else:
+        with open(path) as f:
+            record = json.load(f)
+        record.setdefault("resumes", []).append({**entry, "at_step": resumed_at})
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def seed_everything(args) -> torch.device:
+    random.seed(args.seed)
+    np.random.seed(args.seed)  # noqa: NPY002 (seeds third-party code; our own sampling uses the samplers' generators)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.set_num_threads(args.torch_threads)
+    return torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+
+def run_folder(args) -> str:
+    """runs/<run-name>. An existing folder is never mixed with a new run: refused unless --resume or --overwrite."""
+    args.run_name = (
+        args.run_name or f"{args.env_id.replace(':', '_')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    )
+    run_dir = os.path.join("runs", args.run_name)
+    if os.path.exists(run_dir) and not args.resume:
+        if not args.overwrite:
+            raise UsageError(
+                f"{run_dir} already exists: continue it with --resume {os.path.join(run_dir, 'checkpoint.pt')}, "
+                "or start it afresh with --overwrite"
+            )
+        shutil.rmtree(run_dir)
+    return run_dir
+
+
+def tensorboard_writer(args, run_dir: str, resumed_at: int | None):
+    """The run's TensorBoard SummaryWriter in its folder (with wandb mirroring it under --track), once run.json is
+    written. `resumed_at`: the step a resumed run continues from (None for a new run)."""
+    if args.track:
+        try:
+            import wandb
+        except ImportError:
+            raise UsageError("--track needs Weights and Biases: pip install wandb") from None
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=args.run_name,
+            save_code=True,
+        )
+    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard.summary import hparams
+
+    os.makedirs(run_dir, exist_ok=True)
+    record_run(run_dir, [PROG, *sys.argv[1:]], {"hyperparameters": dataclasses.asdict(args)}, resumed_at)
+    # purge_step drops any points a crashed run wrote after the checkpoint, so a resumed curve continues cleanly.
+    writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
+    if resumed_at is None:
+        table = "\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])
+        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+        hparam_values = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in vars(args).items()}
+        for summary in hparams(hparam_values, {"charts/episodic_return": 0.0, "losses/explained_variance": 0.0}):
+            writer.file_writer.add_summary(summary)
+    return writer
+
+
+class TrainingLoop:
+    """The context the training loop runs in, and how it ended (`status`, `exit_status()`).
+
+    Ctrl-C (SIGINT) or a cluster's preemption (SIGTERM) sets `signum`: the loop finishes its iteration and stops, a
+    checkpoint is saved, the exit status is 130 or 143. A second signal quits at once (`hard`: the state may be
+    mid-iteration, so the last checkpoint written at an iteration boundary is kept). The guard's BadBatchError ends
+    the run with one line ("stopped_by_guard", exit status 1). A StopRun ends it as "failed" (exit status 1) with a
+    checkpoint; its message is kept in `error` for the script to print last."""
+
+    def __init__(self, run_dir: str):
+        self.run_dir = run_dir
+        self.signum = None
+        self.status = "running"
+        self.hard = False
+        self.error: str | None = None
+
+    def __enter__(self):
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self.stop_after_iteration)
+        return self
+
+    def stop_after_iteration(self, signum, frame):
+        self.signum = signum
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, self.stop_now)
+        name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+        tqdm.write(
+            f"{PROG}: {name}: saving a checkpoint after this iteration (signal again to quit now)", file=sys.stderr
+        )
+
+    def stop_now(self, signum, frame):
+        self.signum = signum
+        raise KeyboardInterrupt
+
+    def __exit__(self, exc_type, exc, traceback) -> bool:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if exc_type is None:
+            self.status = "completed" if self.signum is None else "interrupted"
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self.status = "interrupted"
+            self.hard = True
+            self.signum = self.signum or signal.SIGINT
+        elif issubclass(exc_type, BadBatchError):
+            self.status = "stopped_by_guard"
+            tqdm.write(f"{PROG}: error: {exc}; the last good checkpoint stays in {self.run_dir}", file=sys.stderr)
+        elif issubclass(exc_type, StopRun):
+            self.status = "failed"
+            self.error = str(exc)  # printed by the script as its very last line, once everything is shut down
+        return exc_type is None or issubclass(exc_type, (KeyboardInterrupt, BadBatchError, StopRun))
+
+    @property
+    def keeps_state(self) -> bool:
+        """Whether the state is whole and worth a checkpoint: not after a second signal, nor when the guard stopped
+        the run (the last good checkpoint then stays). A StopRun comes between updates: that state is whole."""
+        return self.status in ("completed", "interrupted", "failed") and not self.hard
+
+    def exit_status(self) -> int:
+        return {"completed": 0, "stopped_by_guard": 1, "failed": 1}.get(
+            self.status, 128 + (self.signum or signal.SIGINT)
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Health diagnostics: the signs of a failing PPO run that Huang et al. 2022 ("The 37 implementation details of PPO")
+# and Andrychowicz et al. 2021 ("What matters in on-policy RL") describe: entropy collapsing, approx_kl staying high,
+# a critic worse than a constant
+# ---------------------------------------------------------------------------------------------------------------------
+def health_warnings(history: dict[str, list[float]], warmed_up: bool, act_dim: int) -> list[tuple[str, str]]:
+    """(name, advice) for each problem the recent update statistics show."""
+    found = []
+    entropy, kl, ev = history["entropy"], history["approx_kl"], history["explained_variance"]
+    if len(entropy) > 10 and (entropy[-11] - entropy[-1]) / act_dim > 0.5:
+        drop = (entropy[-11] - entropy[-1]) / act_dim
+        advice = "raise --ent-coef (e.g. 0.005) or lower --update-epochs / --learning-rate"
+        found.append(
+            ("entropy_collapse", f"entropy is collapsing ({drop:.2f} nats per action dim in 10 updates): {advice}")
+        )
+    if len(kl) >= 5 and min(kl[-5:]) > 0.02:
+        advice = "lower --learning-rate or set --target-kl 0.02"
+        found.append(("high_kl", f"approx_kl has stayed above 0.02 for 5 updates (now {kl[-1]:.3f}): {advice}"))
+    if warmed_up and ev and ev[-1] < 0:
+        advice = "check the reward scale (--norm-reward) or raise --vf-coef"
+        found.append(
+            (
+                "low_explained_variance",
+                f"explained_variance is {ev[-1]:.2f} < 0 after warm-up, the critic is worse than a constant: {advice}",
+            )
+        )
+    return found
+
+
+class Monitor:
+    """The console of a run and the guard's bookkeeping: the progress bar, warnings (at most one of a kind per 50
+    iterations), the guard's counters and its patience, the health warnings. It reads the step and iteration from the
+    run's state, counts into its counters, and writes what it counts to the run's TensorBoard writer."""
+
+    def __init__(self, args, writer, state: RunState, act_dim: int, fast):
+        self.args = args
+        self.writer = writer
+        self.run_dir = writer.log_dir
+        self.state = state
+        self.act_dim = act_dim
+        self.fast = fast  # the fast paths (fast_paths.FastPaths): their table goes to TensorBoard's text tab
+        self.writer.add_text("fast_paths", fast.table())
+        self.switches_written = 0
+        for key in ("bad_batches", "dropped_samples", "discarded_rollouts"):
+            state.counters.setdefault(key, 0)
+        self.recent_returns: deque[float] = deque(maxlen=100)
+        self.history: dict[str, list[float]] = {"entropy": [], "approx_kl": [], "explained_variance": []}
+        self.last_warned: dict[str, int] = {}
+        self.bad_in_a_row = 0
+        self.start_time = time.time()
+        self.start_step = state.global_step
+        total = args.num_iterations * args.batch_size
+        self.progress = tqdm(
+            total=total,
+            initial=min(state.global_step, total),
+            disable=args.quiet,
+            unit="step",
+            unit_scale=True,
+            dynamic_ncols=True,
+            mininterval=1.0,
+        )
+
+    def warn(self, name: str, message: str, iteration: int) -> None:
+        """At most one warning of a kind per 50 iterations."""
+        if iteration - self.last_warned.get(name, -(10**9)) >= 50:
+            self.last_warned[name] = iteration
+            tqdm.write(f"{PROG}: warning: {message}", file=sys.stderr)
+
+    def guard(self, batch: dict, problem: str | None) -> bool:
+        """Count and report the samples the guard dropped from this batch, and a bad batch (`problem`: the update was
+        skipped). Returns whether the update happened; raises BadBatchError after --guard-patience bad batches in a
+        row."""
+        global_step, iteration, counters = self.state.global_step, self.state.iteration, self.state.counters
+        dropped = batch["non_finite"] + batch["outliers"]
+        if dropped:
+            counters["dropped_samples"] += dropped
+            self.writer.add_scalar("guard/dropped_samples", counters["dropped_samples"], global_step)
+            self.warn(
+                "dropped",
+                f"dropped {batch['non_finite']} samples with NaN/inf data and {batch['outliers']} "
+                f"outlier advantages at step {global_step} (total {counters['dropped_samples']})",
+                iteration,
+            )
+        if problem is None:
+            self.bad_in_a_row = 0
+            return True
+        self.bad_in_a_row += 1
+        counters["bad_batches"] += 1
+        self.writer.add_scalar("guard/bad_batches", counters["bad_batches"], global_step)
+        tqdm.write(f"{PROG}: warning: skipped a bad batch at step {global_step}: {problem}", file=sys.stderr)
+        if self.bad_in_a_row >= self.args.guard_patience:
+            raise BadBatchError(f"stopping: {self.bad_in_a_row} bad batches in a row (last: {problem})")
+        return False
+
+    def steps_per_second(self) -> int:
+        return int((self.state.global_step - self.start_step) / (time.time() - self.start_time))
+
+    def diagnose(self, stats: dict) -> None:
+        """After an update's scalars are written: the health warnings, the fast paths' table when a part stepped aside,
+        the histogram of recent returns, the progress bar."""
+        global_step, iteration, counters = self.state.global_step, self.state.iteration, self.state.counters
+        if len(self.fast.switches) > self.switches_written:  # a part stepped aside: the table says since when
+            self.switches_written = len(self.fast.switches)
+            self.writer.add_text("fast_paths", self.fast.table(), global_step)
+        if self.recent_returns:
+            self.writer.add_histogram("charts/episodic_return_hist", np.array(self.recent_returns), global_step)
+        for key in self.history:
+            self.history[key].append(stats[f"losses/{key}"])
+        warmed_up = iteration > max(5, self.args.num_iterations // 10)
+        for name, message in health_warnings(self.history, warmed_up, self.act_dim):
+            counters[name] = counters.get(name, 0) + 1
+            self.writer.add_scalar(f"health/{name}", counters[name], global_step)
+            self.warn(name, message, iteration)
+        self.progress.update(global_step - self.progress.n)
+        recent = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "n/a"
+        self.progress.set_postfix_str(f"return={recent}", refresh=False)
+
+    def wall_time(self) -> float:
+        """Seconds of training, earlier sessions of a resumed run included."""
+        return self.state.wall_time_before + time.time() - self.start_time
+
+    def mean_return(self) -> float | None:
+        return float(np.mean(self.recent_returns)) if self.recent_returns else None
+
+
+def require_positive(args, names: list[str]) -> None:
+    """Each named flag must be > 0 (a flag left at None, meaning "default", passes)."""
+    for name in names:
+        if getattr(args, name) is not None and not getattr(args, name) > 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The end of a run and the command line
+# ---------------------------------------------------------------------------------------------------------------------
+def finish_run(monitor: Monitor, status: str, learner, state: RunState, script, extra: dict) -> int:
+    """After training: the final model and its evaluation (with --save-model, when the run completed), summary.json,
+    and the closing line. Returns 1 when the saved model could not be evaluated (the files and the closing line are
+    written all the same), else 0."""
+    eval_error = None
+    if status == "completed" and monitor.args.save_model:
+        eval_error = save_final_model(monitor, learner, state, script)
+    monitor.progress.close()
+    write_summary(monitor, status, learner, state, extra | ({"eval_error": eval_error} if eval_error else {}))
+    monitor.writer.close()
+    print(closing_line(monitor, status, state), flush=True)
+    return 1 if eval_error else 0
+
+
+def model_path(args, run_dir: str) -> str:
+    return os.path.join(run_dir, f"{args.exp_name}.model")
+
+
+def save_final_model(monitor: Monitor, learner, state: RunState, script) -> str | None:
+    """Save the policy to runs/<run-name>/<exp-name>.model and evaluate it with the mean action (eval/episodic_return).
+    Returns why the evaluation failed, or None."""
+    args = monitor.args
+    path = model_path(args, monitor.run_dir)
+    save_atomic(policy_state(learner.agent, learner.obs_rms, args, state.global_step), path)
+    try:
+        policy = Policy(learner.agent, learner.obs_rms, dataclasses.asdict(args), script)
+        returns = evaluate(policy, args.eval_episodes, args.seed + 10**6)
+    except Exception as e:  # noqa: BLE001 (an edited policy that cannot act: the run's files must still be written)
+        gap = distribution_gap(e) if isinstance(e, NotImplementedError) else None
+        eval_error = first_line(gap or e)
+        print(f"{PROG}: error: model saved to {path}, but evaluating it failed: {eval_error}", file=sys.stderr)
+        return eval_error
+    for idx, episodic_return in enumerate(returns):
+        monitor.writer.add_scalar("eval/episodic_return", episodic_return, idx)
+    print(f"model saved to {path}; eval return {returns.mean():.2f} ± {returns.std():.2f}")
+    return None
+
+
+def write_summary(monitor: Monitor, status: str, learner, state: RunState, extra: dict) -> None:
+    """summary.json: how the run ended, its flags, its last statistics and its counters."""
+    last_stats = {key: values[-1] for key, values in monitor.history.items() if values}
+    summary = {
+        "status": status,
+        "hyperparameters": dataclasses.asdict(monitor.args),
+        "env_steps": state.global_step,
+        "wall_time_seconds": round(monitor.wall_time(), 2),
+        "final_entropy": last_stats.get("entropy"),
+        "final_explained_variance": last_stats.get("explained_variance"),
+        "final_approx_kl": last_stats.get("approx_kl"),
+        "mean_return_last_episodes": monitor.mean_return(),
+        "num_last_episodes": len(monitor.recent_returns),
+        **state.counters,
+        "fast_paths": learner.fast.used,
+        "fast_path_switches": learner.fast.switches,
+        **extra,
+        "torch_version": torch.__version__,
+        "gymnasium_version": gym.__version__,
+    }
+    with open(os.path.join(monitor.run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+
+
+def closing_line(monitor: Monitor, status: str, state: RunState) -> str:
+    """One line on stdout (--quiet included): where the run went, how it ended and what to run next."""
+    run_dir = monitor.run_dir
+    line = f"{PROG}: {status} at step {state.global_step}; run folder {run_dir}"
+    if monitor.recent_returns:
+        line += f"; mean return of the last {len(monitor.recent_returns)} episodes {monitor.mean_return():.2f}"
+    line += "; curves: tensorboard --logdir runs"
+    if status in ("interrupted", "failed"):
+        line += f"; continue with: python {PROG} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
+    elif status == "completed" and monitor.args.save_model:
+        line += f"; evaluate with: python {PROG} --eval-checkpoint {model_path(monitor.args, run_dir)}"
+    return line
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's message in one line (its type's name when it has none)."""
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+def cli(args_type: type, validate, train, script, machine_flags: set[str] = MACHINE_FLAGS) -> int:
+    """Parse the flags, then train or evaluate; bad input is one line on stderr and exit status 2. `script`: the
+    module whose Agent a checkpoint to evaluate was trained with. `machine_flags`: the flags a resumed run may change
+    besides checkpoints.MACHINE_FLAGS (a script's own ways of using the machine)."""
+    args = tyro.cli(args_type)
+    defer_dynamo_import()
+    sys.path.insert(0, os.getcwd())  # `--env-id module:EnvId` finds the module in the working directory, as python -m
+    try:
+        if args.resume and not args.eval_checkpoint:  # both together are refused by validate()
+            args = resumed_args(args_type, args, machine_flags)
+        validate(args)
+        if args.eval_checkpoint:
+            quiet_mujoco_log()
+            run_eval_checkpoint(args, script)
+            return 0
+        done = int(load_checkpoint(args.resume).get("iteration", 0)) if args.resume else 0
+        if done and done >= args.num_iterations:  # a finished run: say so and leave its files as they are
+            print(
+                f"{PROG}: {args.resume} has run {done} of {args.num_iterations} iterations: nothing to do "
+                "(raise --total-timesteps to extend it)"
+            )
+            return 0
+        return train(args)
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except (DistributionGap, NotImplementedError) as e:
+        gap = distribution_gap(e) if isinstance(e, NotImplementedError) else e
+        if gap is None:
+            raise
+        print(f"{PROG}: error: {gap}", file=sys.stderr)
+        return 1
