@@ -3,9 +3,10 @@
     python dppo_ray.py --env-id HalfCheetah-v5 --num-actors 2 --mode async
     python dppo_ray.py --env-id CartPole-v1 --num-actors 2 --no-ray      # in-process, for a debugger
 
-This file adds only what distribution needs to ppo_continuous.py, whose agent, sampler, update, numerical guard,
-checkpoints and evaluation it imports: a change to the algorithm there reaches both scripts, and the checkpoints of
-the two scripts fit each other.
+This file adds only what distribution needs to ppo_continuous.py, whose agent, sampler, update and numerical guard it
+imports, with the same checkpoints (checkpoints.py) and run management (run_management.py): a change to the algorithm
+there reaches both scripts, and the checkpoints of the two scripts fit each other. What only this script needs lives
+here: the rollout actors and their faults, staleness and its correction, Ray, and Discrete actions (CartPole, say).
 
 Each `RolloutActor` is ppo_continuous.py's `Sampler` run as a Ray actor: it steps `--num-envs-per-actor` envs with a
 numpy copy of the policy and returns its rollout as one dict of numpy arrays, tagged with the version of the policy
@@ -25,37 +26,49 @@ import dataclasses
 import logging
 import math
 import os
+import socket
 import sys
 import time
 import warnings
 from dataclasses import dataclass
 from typing import Literal
 
+import gymnasium as gym
 import numpy as np
 import torch
 import tyro
+from torch.distributions import Categorical, Distribution
 from tqdm import tqdm
 
+import checkpoints
 import ppo_continuous as ppo
-from run_utils import (
+from checkpoints import RunState, UsageError, restore_training, resume_checkpoint, save_atomic, training_checkpoint
+from run_management import (
     PROG,
     Monitor,
-    RunState,
     StopRun,
     TrainingLoop,
-    UsageError,
     cli,
-    end_run,
+    finish_run,
+    first_line,
     quiet_mujoco_log,
-    ray_address_answers,
     require_positive,
-    restore_training,
-    resume_checkpoint,
     run_folder,
-    save_atomic,
     seed_everything,
-    training_checkpoint,
+    tensorboard_writer,
 )
+
+make_env = ppo.make_env  # what a saved policy of this script is evaluated in (checkpoints.Policy)
+
+# The flags of this script that a resumed run may change besides ppo_continuous.py's: how it uses the machine
+MACHINE_FLAGS = checkpoints.MACHINE_FLAGS | {
+    "ray_address",
+    "actor_cpus",
+    "object_store_memory",
+    "no_ray",
+    "rollout_timeout",
+    "max_actor_restarts",
+}
 
 
 @dataclass
@@ -129,17 +142,80 @@ def validate_args(args: Args) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# Discrete actions: ppo_continuous.py's Agent with a categorical over the same actor's outputs
+# ---------------------------------------------------------------------------------------------------------------------
+class Agent(ppo.Agent):
+    """ppo_continuous.py's Agent (its Gaussian for Box actions, so an edit there reaches this script) or, with
+    `discrete`, a categorical whose logits are the actor's outputs."""
+
+    def __init__(self, obs_dim: int, act_dim: int, discrete: bool = False):
+        super().__init__(obs_dim, act_dim)
+        self.discrete = discrete  # saved with the policy, to rebuild it
+        if discrete:
+            del self.actor_logstd
+
+    def get_distribution(self, x: torch.Tensor) -> Distribution:
+        if not self.discrete:
+            return super().get_distribution(x)
+        return Categorical(logits=self.actor_mean(x), validate_args=False)
+
+
+class CategoricalActor(ppo.TorchActor):
+    """Acting with a categorical policy: inverse-CDF sampling from the rollout's uniform noise, (N, 1)."""
+
+    def act(self, obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            logits = self.agent.get_distribution(torch.from_numpy(obs)).logits
+        cumulative = logits.double().softmax(-1).cumsum(-1).numpy()
+        index = (cumulative < noise * cumulative[..., -1:]).sum(axis=-1)
+        return np.minimum(index, cumulative.shape[-1] - 1)
+
+
+def check_spaces(env_id: str, env: gym.Env) -> tuple[int, int, bool]:
+    """(obs_dim, action_dim or number of actions, discrete): ppo_continuous.py's check, with Discrete actions too."""
+    if not isinstance(env.action_space, gym.spaces.Discrete):
+        if not isinstance(env.action_space, gym.spaces.Box):
+            raise UsageError(f"{env_id} has a {env.action_space} action space; {PROG} needs a Box or Discrete one")
+        return (*ppo.check_spaces(env_id, env), False)
+    space = env.observation_space
+    if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+        raise UsageError(f"{env_id} has observation space {space}; a Box, Dict or Tuple is needed")
+    return space.shape[0], int(env.action_space.n), True
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Rollout actors
 # ---------------------------------------------------------------------------------------------------------------------
 class RolloutActor(ppo.Sampler):
     """ppo_continuous.py's Sampler, run as a Ray actor (`ray.remote(RolloutActor)`) or, with --no-ray, as a plain
-    object. A restarted actor has lost its weights: it says so instead of sampling."""
+    object. Its rollouts carry the version of the policy that sampled them (for the staleness bound and its
+    correction) and where and how fast they were sampled. A restarted actor has lost its weights: it says so instead
+    of sampling."""
 
     def __init__(self, *sampler_args):
         super().__init__(*sampler_args)
         ray_module = sys.modules.get("ray")
         in_ray = ray_module is not None and ray_module.is_initialized()
         self.node_id = ray_module.get_runtime_context().get_node_id() if in_ray else "local"
+        self.version = -1
+
+    def check_spaces(self, env_id: str, env: gym.Env) -> tuple[int, int]:
+        obs_dim, act_dim, self.discrete = check_spaces(env_id, env)
+        return obs_dim, act_dim
+
+    def make_agent(self) -> Agent:
+        return Agent(*self.spaces, discrete=self.discrete)
+
+    def make_actor(self, fast: bool):
+        return CategoricalActor(self.agent) if self.discrete else super().make_actor(fast)
+
+    def draw_noise(self, shape: tuple[int, ...]) -> np.ndarray:
+        return self.rng.random((*shape, 1)) if self.discrete else super().draw_noise(shape)
+
+    def set_policy(self, weights: dict[str, np.ndarray], version: int) -> int:
+        super().set_policy(weights)
+        self.version = version
+        return version
 
     def started(self) -> str:
         return self.node_id
@@ -147,7 +223,10 @@ class RolloutActor(ppo.Sampler):
     def rollout(self, num_steps: int) -> dict[str, np.ndarray]:
         if self.policy is None:
             return {"needs_weights": np.array(True)}
-        return super().rollout(num_steps) | {"node_id": np.array(self.node_id)}
+        start = time.perf_counter()
+        rollout = super().rollout(num_steps)
+        rollout["sample_seconds"] = np.array(time.perf_counter() - start)
+        return rollout | {"policy_version": np.array(self.version), "node_id": np.array(self.node_id)}
 
 
 class Done:
@@ -189,7 +268,7 @@ class ActorPool:
             # A resumed run starts new random streams rather than replaying the first iterations' noise.
             seed = args.seed + 1000 * (index + 1) + state.global_step
             actor_args = dataclasses.replace(args, capture_video=args.capture_video and index == 0)
-            init = (args.env_id, args.num_envs_per_actor, seed, actor_args, video_dir, True)
+            init = (args.env_id, args.num_envs_per_actor, seed, actor_args, video_dir)
             self.actors.append(RolloutActor(*init) if ray_module is None else actor_cls.remote(*init))
         self.in_flight: dict = {}  # ref -> (actor index, the time by which its rollout is late)
         self.weights_ref = None
@@ -226,9 +305,10 @@ class ActorPool:
     def timeout_errors(self) -> tuple[type[BaseException], ...]:
         return () if self.ray is None else (self.ray.exceptions.GetTimeoutError,)
 
-    def wait_timeout(self) -> float | None:
-        """How long a get waits: --rollout-timeout with Ray; in --no-ray mode the call has already returned."""
-        return None if self.ray is None else self.timeout
+    def wait_timeout(self, seconds: float | None = None) -> float | None:
+        """How long a get waits: `seconds` (default --rollout-timeout) with Ray; in --no-ray mode the call has
+        already returned."""
+        return None if self.ray is None else seconds or self.timeout
 
     def restart(self, index: int, why: str, kill: bool, error: BaseException | None = None) -> None:
         """Count a restart of actor `index`, Ray's after `error` or, with `kill`, the pool's (a hung actor is killed and
@@ -265,7 +345,7 @@ class ActorPool:
         while True:
             try:
                 ack = self.call(index, "set_policy", self.weights_ref, self.version)
-                self.get(ack, None if self.ray is None else max(0.1, deadline - time.monotonic()))
+                self.get(ack, self.wait_timeout(max(0.1, deadline - time.monotonic())))
                 return None
             except self.unavailable_errors():
                 if time.monotonic() < deadline:
@@ -286,7 +366,7 @@ class ActorPool:
         for index, ref in enumerate(refs):
             while True:
                 try:
-                    answers.append(self.get(ref, None if self.ray is None else timeout))
+                    answers.append(self.get(ref, self.wait_timeout(timeout)))
                     break
                 except self.actor_errors() as e:
                     self.restart(index, f"failed in {method} ({describe(e)})", False, e)
@@ -336,11 +416,10 @@ class ActorPool:
                     self.restart(index, why, kill=True)
                     self.submit(index)
 
-    def gather(self, version: int, fast_acting: bool) -> tuple[list[dict], list[dict]]:
+    def gather(self, version: int) -> tuple[list[dict], list[dict]]:
         """One batch: a rollout from each of --num-actors actors (sync), or the first --num-actors rollouts that are
         fresh enough (async, where an actor is sent its next rollout as soon as one arrives). Returns the accepted
-        rollouts in actor order and the dropped ones, whose steps and episodes still count. Once the audit has moved
-        acting to torch (`fast_acting` False), a rollout that the numpy actor acted on is dropped too."""
+        rollouts in actor order and the dropped ones, whose steps and episodes still count."""
         if self.args.mode == "sync":
             for i in range(len(self.actors)):
                 self.submit(i)
@@ -365,12 +444,6 @@ class ActorPool:
                         self.counters["dropped_rollouts"] += 1
                         dropped.append(rollout)
                         continue
-                if bool(rollout["acted_fast"]) and not fast_acting:  # acted before the audit moved acting to torch
-                    self.counters["discarded_rollouts"] += 1
-                    dropped.append(rollout)
-                    if self.args.mode == "sync":
-                        self.submit(index)
-                    continue
                 accepted[(index, len(accepted))] = rollout
                 if len(accepted) == len(self.actors):
                     break
@@ -390,6 +463,11 @@ def error_line(e: BaseException, which: int = 0) -> str:
     inside an actor said, under Ray's traceback)."""
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     return lines[which] if lines else type(e).__name__
+
+
+def loss_settings(args: Args, ent_coef: float) -> dict:
+    """ppo_continuous.py's loss settings, with the cap of the decoupled loss's importance weight."""
+    return ppo.loss_settings(args, ent_coef) | {"max_is_weight": args.max_is_weight}
 
 
 def stack_rollouts(rollouts: list[dict]) -> dict:
@@ -414,6 +492,17 @@ def broadcast_due(args: Args, version: int, last_broadcast: int) -> bool:
 # ---------------------------------------------------------------------------------------------------------------------
 # Ray set-up
 # ---------------------------------------------------------------------------------------------------------------------
+def ray_address_answers(address: str) -> bool:
+    """Whether something listens at a Ray `host:port` (or `ray://host:port`): ray.init retries an address with no Ray
+    behind it for minutes, a plain TCP probe answers at once."""
+    host, _, port = address.split("://")[-1].rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def init_ray(args: Args):
     """Start or join Ray quietly; bad addresses and too few CPUs are usage errors."""
     if args.no_ray:
@@ -441,7 +530,7 @@ def init_ray(args: Args):
             # machine was started last (another user's run, a test cluster), against this script's documented default.
             ray.init(address=args.ray_address or "local", **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as e:
-        raise UsageError(f"cannot reach Ray at --ray-address {args.ray_address}: {str(e).splitlines()[0]}") from None
+        raise UsageError(f"cannot reach Ray at --ray-address {args.ray_address}: {first_line(e)}") from None
     # Actors that do not fit would wait for CPUs forever: refuse at once, counting only what is free now.
     total_cpus, free_cpus = ray.cluster_resources().get("CPU", 0), ray.available_resources().get("CPU", 0)
     if args.actor_cpus is None:
@@ -469,7 +558,7 @@ def train(args: Args) -> int:
     env = ppo.make_env(args.env_id)  # a bad env id fails here, before Ray starts
     space = env.action_space
     bounds = [space.low, space.high] if hasattr(space, "low") else None
-    spaces = (*ppo.check_spaces(args.env_id, env, allow_discrete=True), env.obs_layout, bounds)
+    spaces = (*check_spaces(args.env_id, env), env.obs_layout, bounds)
     env.close()
     device = seed_everything(args)
     run_dir = run_folder(args)
@@ -498,19 +587,22 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple, run_dir: str, devic
     `spaces`: the env's (obs_dim, act_dim, discrete, obs_layout, action_bounds). Returns the exit status and, for a
     run that an actor's failure stopped, its cause."""
     obs_dim, act_dim, discrete, obs_layout, action_bounds = spaces
-    learner = ppo.make_learner(args, obs_dim, act_dim, discrete, device)
+    learner = ppo.make_learner(args, Agent(obs_dim, act_dim, discrete), device)
     learner.agent.obs_layout = obs_layout
     learner.agent.action_bounds = action_bounds
     state = RunState() if ckpt is None else restore_training(ckpt, learner, args.resume)
     for key in ("dropped_rollouts", "actor_restarts", "lost_rollouts", "discarded_rollouts"):
         state.counters.setdefault(key, 0)
     decoupled = args.stale_correction == "decoupled"
-    ppo.start_fast_paths(learner, args, decoupled)
-    monitor = Monitor(args, run_dir, state, act_dim, learner.fast)
+    # The fast paths compute a Gaussian policy: Discrete actions take the plain path without checking them
+    ppo.start_fast_paths(learner, dataclasses.replace(args, fast_path=args.fast_path and not discrete), loss_settings)
+    writer = tensorboard_writer(args, run_dir, resumed_at=state.global_step if args.resume else None)
+    monitor = Monitor(args, writer, state, act_dim, learner.fast)
     actor_nodes: set[str] = set()
 
     def save_checkpoint() -> None:
-        save_atomic(training_checkpoint(learner, args, state, monitor), os.path.join(run_dir, "checkpoint.pt"))
+        checkpoint = training_checkpoint(learner, args, state, monitor.wall_time())
+        save_atomic(checkpoint, os.path.join(run_dir, "checkpoint.pt"))
 
     learner_seconds = {"wait": 0.0, "prepare": 0.0, "update": 0.0, "broadcast": 0.0}  # where its time goes
     with TrainingLoop(run_dir) as loop:
@@ -528,21 +620,21 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple, run_dir: str, devic
             version = state.iteration  # the learner's policy version: the number of updates so far
             ent_coef = ppo.anneal(learner.optimizer, args, version + 1)
             wait_start = time.perf_counter()
-            discarded = True
-            while discarded:  # rollouts that a wrong actor acted on are sampled again, the actors acting with torch
-                try:
-                    rollouts, dropped = pool.gather(version, learner.fast.acting)
-                except Interrupted:
-                    break
-                for rollout in dropped + rollouts:
-                    state.global_step += rollout["rewards"].size
-                    monitor.episodes(rollout)
-                    ppo.update_statistics(rollout, learner, args)
-                discarded = ppo.discard_wrongly_acted(learner, rollouts, version + 1, state.counters)
-                if discarded:
-                    pool.broadcast(ppo.policy_weights(learner), version)
-            if loop.signum is not None and discarded:
+            try:
+                rollouts, dropped = pool.gather(version)
+            except Interrupted:
                 break  # a signal came while waiting for rollouts: this iteration has none to train on
+            acted_fast = learner.fast.acting
+            learner.fast.read_acting_audits(rollouts + dropped, version + 1, state.counters)
+            if acted_fast and not learner.fast.acting:  # the actors act with torch from the next broadcast on
+                pool.broadcast(ppo.policy_weights(learner), version)
+            for rollout in dropped + rollouts:
+                state.global_step += int(rollout["env_steps"])
+                for episodic_return, episodic_length in zip(rollout["episode_returns"], rollout["episode_lengths"]):
+                    writer.add_scalar("charts/episodic_return", episodic_return, state.global_step)
+                    writer.add_scalar("charts/episodic_length", episodic_length, state.global_step)
+                    monitor.recent_returns.append(float(episodic_return))
+                ppo.update_statistics(rollout, learner, args)
             wait_seconds = time.perf_counter() - wait_start
             lags = [version - int(r["policy_version"]) for r in rollouts]
             actor_speed = float(np.mean([r["rewards"].size / float(r["sample_seconds"]) for r in rollouts]))
@@ -552,7 +644,7 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple, run_dir: str, devic
                 batch = decouple(batch, learner.agent)
             update_start = time.perf_counter()
             learner_seconds["prepare"] += update_start - wait_start - wait_seconds
-            stats, problem = ppo.ppo_update(learner, batch, args, ent_coef, version + 1)
+            stats, problem = ppo.ppo_update(learner, batch, args, loss_settings(args, ent_coef), version + 1)
             update_seconds = time.perf_counter() - update_start
             learner_seconds["wait"] += wait_seconds
             learner_seconds["update"] += update_seconds
@@ -561,23 +653,27 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple, run_dir: str, devic
                 sync_seconds = pool.broadcast(ppo.policy_weights(learner), state.iteration)
                 last_broadcast = state.iteration
                 learner_seconds["broadcast"] += sync_seconds
-            extra = {
-                "charts/learning_rate": learner.optimizer.param_groups[0]["lr"],
-                "charts/ent_coef": ent_coef,
-                "charts/policy_lag_min": min(lags),
-                "charts/policy_lag_max": max(lags),
-                "charts/policy_lag_mean": float(np.mean(lags)),
-                "charts/dropped_rollouts": state.counters["dropped_rollouts"],
-                "charts/actor_restarts": state.counters["actor_restarts"],
-                "charts/lost_rollouts": state.counters["lost_rollouts"],
-                "perf/learner_update_seconds": update_seconds,
-                "perf/learner_wait_seconds": wait_seconds,
-                "perf/weight_sync_seconds": sync_seconds,
-                "perf/actor_env_steps_per_second": actor_speed,
-            }
-            updated = monitor.update(stats, problem, batch, extra)
-            if updated and args.checkpoint_every and state.iteration % args.checkpoint_every == 0:
-                save_checkpoint()
+            if monitor.guard(batch, problem):  # counts what the guard dropped; stops after --guard-patience bad batches
+                stats |= {
+                    "charts/learning_rate": learner.optimizer.param_groups[0]["lr"],
+                    "charts/ent_coef": ent_coef,
+                    "charts/SPS": monitor.steps_per_second(),
+                    "charts/policy_lag_min": min(lags),
+                    "charts/policy_lag_max": max(lags),
+                    "charts/policy_lag_mean": float(np.mean(lags)),
+                    "charts/dropped_rollouts": state.counters["dropped_rollouts"],
+                    "charts/actor_restarts": state.counters["actor_restarts"],
+                    "charts/lost_rollouts": state.counters["lost_rollouts"],
+                    "perf/learner_update_seconds": update_seconds,
+                    "perf/learner_wait_seconds": wait_seconds,
+                    "perf/weight_sync_seconds": sync_seconds,
+                    "perf/actor_env_steps_per_second": actor_speed,
+                }
+                for tag, value in (stats | learner.fast.scalars()).items():
+                    writer.add_scalar(tag, value, state.global_step)
+                monitor.diagnose(stats)  # health warnings, progress bar
+                if args.checkpoint_every and state.iteration % args.checkpoint_every == 0:
+                    save_checkpoint()
     if loop.keeps_state:
         save_checkpoint()
     extra = {
@@ -586,9 +682,9 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple, run_dir: str, devic
         "actor_nodes": len(actor_nodes),
         "learner_seconds": {k: round(v, 2) for k, v in learner_seconds.items()},
     }
-    eval_failed = end_run(monitor, loop.status, learner, state, ppo, extra)
+    eval_failed = finish_run(monitor, loop.status, learner, state, sys.modules[__name__], extra)
     return loop.exit_status() or eval_failed, loop.error
 
 
 if __name__ == "__main__":
-    sys.exit(cli(Args, validate_args, train, ppo))
+    sys.exit(cli(Args, validate_args, train, sys.modules[__name__], MACHINE_FLAGS))

@@ -1,13 +1,14 @@
 """Fast paths: accelerators of ppo_continuous.py's plain path, audited against it at start-up and on the run's own data.
 
 ppo_continuous.py holds the one definition of everything that learns: the network and the policy's distribution
-(`Agent`), the loss (`gae.ppo_loss`), the optimizer (`make_learner`) and the two functions the hot loops call, acting
-(`TorchActor`) and one minibatch's loss and gradients (`loss_and_gradients`, autograd). For 64-unit MLPs PyTorch's
-per-op overhead, not arithmetic, sets the speed of both loops, so two accelerators may stand in for them:
+(`Agent`), the loss (`gae.ppo_loss`), the optimizer (`make_learner`) and the two things the hot loops call, acting
+(`TorchActor`) and one minibatch's gradient step (`PlainUpdate`: autograd, then the optimizer). For 64-unit MLPs
+PyTorch's per-op overhead, not arithmetic, sets the speed of both loops, so two accelerators may stand in for them,
+each with the same methods as the plain one, chosen once when the weights arrive (acting) or the update starts:
 
 - `NumpyActor` for `TorchActor`: the actor net walked layer by layer and mirrored in numpy (a layer it cannot mirror
   runs in torch), with the Gaussian's state-independent log-std.
-- `StackedUpdate` for `loss_and_gradients` and `optimizer.step()`: the actor's and the critic's layers stacked in pairs
+- `StackedUpdate` for `PlainUpdate`: the actor's and the critic's layers stacked in pairs
   (one batched matmul runs a layer of both), all parameters and all gradients in one flat buffer each, gae.ppo_loss
   computed on the stacked forward's outputs and its gradient with respect to them (the new log-probabilities, values
   and entropies) taken by autograd over ppo_loss itself, or from `written_loss_gradients` while ppo_loss is the stock
@@ -19,8 +20,8 @@ accelerator must first fit (a network it can mirror or stack, the optimizer it r
 random layers, hooks, buffers), then match the plain path on random inputs: actions' means and stds, log-probabilities
 and entropies for acting; values, the loss and the whole gradient on a synthetic minibatch that takes every branch of
 the loss for the update. Then the audit runs on the run's own data for as long as a fast path is on: every rollout's
-acting against the Agent on that rollout's observations (`audit_acting`), and every update's first minibatch against
-autograd through the live Agent and gae.ppo_loss before its first step (`StackedUpdate.audit`). One that does not fit
+acting against the Agent on that rollout's observations (`audit_acting`), and a minibatch of every update's batch
+against autograd through the live Agent and gae.ppo_loss before its first step (`FastPaths.audited_update`). One that does not fit
 or does not match steps aside with one line naming the part and the reason, and the run uses the plain path for that
 part from then on. So an edit to Agent, ppo_loss or make_learner runs as written: on a fast path that equals it, or on
 the plain path.
@@ -32,14 +33,17 @@ paths: the parameters and gradients that StackedUpdate keeps in its flat buffers
 from __future__ import annotations
 
 import copy
+import itertools
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
-from torch.distributions import Categorical, Distribution, Independent, Normal
+from torch.distributions import Distribution, Independent, Normal
 
 from gae import LOG_SQRT_2PI, PPOLoss, ppo_loss
+from run_management import PROG, first_line
 
 LOSS_GRADIENT_WRITTEN = "written out for the stock gae.ppo_loss (audited against autograd over it)"
 LOSS_GRADIENT_DERIVED = "derived by autograd over gae.ppo_loss's per-sample inputs"
@@ -52,6 +56,11 @@ LOSS_FIELDS = ("loss", "policy_loss", "value_loss", "entropy", "ratio")
 # over a few layers and a minibatch's sums to around 1e-6; a real difference in the math (another activation, an extra
 # loss term) is orders of magnitude larger.
 TOLERANCE = 1e-4
+
+
+def say(line: str) -> None:
+    """A fast path's one line (why it stepped aside), on stderr."""
+    print(f"{PROG}: {line}", file=sys.stderr)
 
 
 class DoesNotFit(Exception):
@@ -103,66 +112,37 @@ def torch_layer(module: nn.Module):
 
 class NumpyActor:
     """TorchActor's fast path: the Agent's actor net (`agent.actor_mean`, an nn.Sequential) mirrored in numpy, and a
-    Gaussian with the state-independent log-std `agent.actor_logstd` (or a categorical for discrete actions). Built from
-    the sampler's copy of the Agent whenever new weights arrive."""
+    Gaussian with the state-independent log-std `agent.actor_logstd`. Built from the sampler's copy of the Agent
+    whenever new weights arrive."""
 
     def __init__(self, agent: nn.Module):
         if not isinstance(getattr(agent, "actor_mean", None), nn.Sequential):
             raise DoesNotFit("Agent.actor_mean is not an nn.Sequential to mirror")
         self.layers = [numpy_layer(module) for module in agent.actor_mean]
-        self.discrete = agent.discrete
-        if not self.discrete:
-            logstd = getattr(agent, "actor_logstd", None)
-            if not isinstance(logstd, torch.Tensor) or logstd.dim() != 2 or logstd.shape[0] != 1:
-                raise DoesNotFit("Agent has no state-independent actor_logstd of shape (1, action_dim)")
-            self.logstd = logstd.detach().cpu().double().numpy().reshape(-1)
-            self.std = np.exp(self.logstd)
-            self.logprob_offset = self.logstd.sum() + len(self.logstd) * LOG_SQRT_2PI
+        logstd = getattr(agent, "actor_logstd", None)
+        if not isinstance(logstd, torch.Tensor) or logstd.dim() != 2 or logstd.shape[0] != 1:
+            raise DoesNotFit("Agent has no state-independent actor_logstd of shape (1, action_dim)")
+        self.logstd = logstd.detach().cpu().double().numpy().reshape(-1)
+        self.std = np.exp(self.logstd)
+        self.logprob_offset = self.logstd.sum() + len(self.logstd) * LOG_SQRT_2PI
 
     def actor(self, obs: np.ndarray) -> np.ndarray:
-        """The actor net's output: the Gaussian's mean, or the logits."""
+        """The actor net's output: the Gaussian's mean."""
         for layer in self.layers:
             obs = layer(obs)
         return obs
 
     def act(self, obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
-        """Actions for a batch of observations, drawn with the rollout's `noise`: standard normal (N, action_dim) for
-        a Gaussian, uniform (N, 1) for a categorical."""
-        out = self.actor(obs)
-        if self.discrete:
-            return categorical_draw(log_softmax(out.astype(np.float64)), noise)
-        return out + self.std * noise
+        """Actions for a batch of observations, drawn with the rollout's standard normal `noise` (N, action_dim)."""
+        return self.actor(obs) + self.std * noise
 
     def log_prob(self, obs: np.ndarray, actions: np.ndarray, noise: np.ndarray) -> np.ndarray:
-        """Log-probabilities of the actions `act` drew (any leading shape). For the Gaussian they follow from the
-        noise alone, so a rollout computes them once, after its loop."""
-        if not self.discrete:
-            return -0.5 * (noise * noise).sum(axis=-1) - self.logprob_offset
-        log_probs = log_softmax(self.actor(obs).astype(np.float64))
-        return np.take_along_axis(log_probs, actions[..., None].astype(np.int64), axis=-1)[..., 0]
+        """Log-probabilities of the actions `act` drew (any leading shape). They follow from the noise alone, so a
+        rollout computes them once, after its loop."""
+        return -0.5 * (noise * noise).sum(axis=-1) - self.logprob_offset
 
     def entropy(self, obs: np.ndarray) -> np.ndarray:
-        if not self.discrete:
-            return np.full(obs.shape[:-1], (0.5 + LOG_SQRT_2PI + self.logstd).sum())
-        log_probs = log_softmax(self.actor(obs).astype(np.float64))
-        return -(np.exp(log_probs) * log_probs).sum(axis=-1)
-
-    def best_action(self, obs: np.ndarray) -> np.ndarray:
-        """The distribution's mode: the mean, or the most likely action."""
-        out = self.actor(obs)
-        return out.argmax(axis=-1) if self.discrete else out
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-
-
-def categorical_draw(log_probs: np.ndarray, uniform: np.ndarray) -> np.ndarray:
-    """Inverse-CDF sampling: the first action whose cumulative probability exceeds the uniform draw."""
-    cumulative = np.exp(log_probs).cumsum(axis=-1)
-    index = (cumulative < uniform * cumulative[..., -1:]).sum(axis=-1)
-    return np.minimum(index, log_probs.shape[-1] - 1)
+        return np.full(obs.shape[:-1], (0.5 + LOG_SQRT_2PI + self.logstd).sum())
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -184,8 +164,6 @@ def stacked_layers(agent: nn.Module) -> tuple[list[int], list[nn.Module]]:
     """The positions of the Linear layers in agent.actor_mean and agent.critic, and the activation after each hidden
     one; DoesNotFit unless both nets are MLPs of the same shape and activations, and the Agent has no other
     parameter than theirs and actor_logstd."""
-    if getattr(agent, "discrete", False):
-        raise DoesNotFit("discrete actions take autograd")
     actor, critic = getattr(agent, "actor_mean", None), getattr(agent, "critic", None)
     if not isinstance(actor, nn.Sequential) or not isinstance(critic, nn.Sequential):
         raise DoesNotFit("Agent.actor_mean and Agent.critic must be nn.Sequential MLPs")
@@ -310,7 +288,7 @@ def loss_gradient_pairs(written: tuple, derived: tuple, like: torch.Tensor) -> d
 
 
 class StackedUpdate:
-    """loss_and_gradients and optimizer.step() for the Agent's two MLPs and a torch.optim.Adam, in few ops.
+    """PlainUpdate (loss_and_gradients, gradients, step) for the Agent's two MLPs and a torch.optim.Adam, in few ops.
 
     The Agent's parameters and their .grad become views into flat buffers laid out as the stacked layers, so the Agent
     stays the plain nn.Module that acts, is saved and loaded, and the loop's clip_gradients clips the flat gradient
@@ -321,6 +299,7 @@ class StackedUpdate:
         self.linear, self.activations = stacked_layers(agent)
         self.group = adam_settings(optimizer, agent)
         self.agent = agent
+        self.optimizer = optimizer  # takes the Adam moments back if this update steps aside
         self.steps = 0
         # d loss / d (log-probability, value, entropy): autograd over gae.ppo_loss, or written_loss_gradients while
         # ppo_loss is the stock loss (see there)
@@ -333,8 +312,6 @@ class StackedUpdate:
         self.params, self.grads, self.exp_avg, self.exp_avg_sq = (torch.zeros(size, device=device) for _ in range(4))
         self.stacked, self.stacked_grads = self.unflatten(self.params), self.unflatten(self.grads)
         self.output_grads: dict[int, torch.Tensor] = {}
-        self.minus_one = torch.tensor(-1.0, device=device)
-        self.all_tanh = all(type(a) is nn.Tanh for a in self.activations)
         views, self.grad_views = self.agent_views(self.params), self.agent_views(self.grads)
         with torch.no_grad():
             for name, param in agent.named_parameters():
@@ -370,14 +347,8 @@ class StackedUpdate:
         for k in range(len(self.linear) - 1):
             weight, bias = layers[2 * k], layers[2 * k + 1]
             inputs.append(h)
-            if self.all_tanh:  # tanh(u) = 2 sigmoid(2u) - 1, the 2u from the matmul itself: torch's CPU tanh is dearer
-                u = None
-                h = torch.add(
-                    self.minus_one, torch.baddbmm(bias, h, weight.mT, beta=2.0, alpha=2.0).sigmoid_(), alpha=2
-                )
-            else:
-                u = torch.baddbmm(bias, h, weight.mT)
-                h = self.activations[k](u)
+            u = torch.baddbmm(bias, h, weight.mT)
+            h = self.activations[k](u)
             pre_activations.append(u)
         inputs.append(h)
         return inputs, pre_activations, torch.baddbmm(layers[-1], h, layers[-2].mT)
@@ -387,16 +358,19 @@ class StackedUpdate:
         with torch.no_grad():
             return self.analytic_backward(minibatch, loss_kwargs)
 
-    def audit(self, minibatch: dict, loss_kwargs: dict, plain_loss_and_gradients, optimizer) -> tuple:
-        """One minibatch on both paths: this stacked update, and `plain_loss_and_gradients` (ppo_continuous.py's
-        loss_and_gradients: autograd through the live Agent, its hooks included, and gae.ppo_loss) with the run's
-        optimizer. Returns (statistics, largest relative difference, reason, loss_reason).
+    def gradients(self) -> list[torch.Tensor]:
+        """What the loop's gradient clip scales: the one flat buffer that the Agent's .grad are views of."""
+        return [self.grads]
+
+    def audit(self, minibatch: dict, loss_kwargs: dict, plain_update) -> tuple:
+        """One minibatch on both paths: this stacked update, and `plain_update` (ppo_continuous.py's PlainUpdate:
+        autograd through the live Agent, its hooks included, and gae.ppo_loss). Returns (statistics, largest relative
+        difference, reason, loss_reason).
 
         loss_reason: while the loss's gradient is written out, it is first compared with the derived one on this
         minibatch; where they differ (an edited ppo_loss), the gradient is derived from now on and loss_reason says
         why. reason None: the paths agree (or both are non-finite, for the guard) and the fast gradient is in the flat
-        buffer. Otherwise the plain statistics are returned, with the plain gradient in the parameters' .grad for the
-        plain path to step with."""
+        buffer. Otherwise the plain statistics are returned, with the plain gradient in the parameters' .grad."""
         fast_stats = self.loss_and_gradients(minibatch, **loss_kwargs)
         loss_reason = None
         if not self.derive_loss_gradient:
@@ -409,7 +383,7 @@ class StackedUpdate:
                 self.derive_loss_gradient = True
                 fast_stats = self.loss_and_gradients(minibatch, **loss_kwargs)
         fast_grads = self.grads.clone()
-        plain_stats = plain_loss_and_gradients(self.agent, optimizer, minibatch, **loss_kwargs)
+        plain_stats = plain_update.loss_and_gradients(minibatch, **loss_kwargs)
         named = list(self.agent.named_parameters())
         plain_grads = {name: p.grad.clone() if p.grad is not None else torch.zeros_like(p) for name, p in named}
         fast_views = self.agent_views(fast_grads)
@@ -472,12 +446,8 @@ class StackedUpdate:
             torch.sum(d_out, 1, keepdim=True, out=bias_grad)
             if k > 0:  # back through the layer, then through the activation below it
                 d_out = torch.bmm(d_out, weight)
-                h = inputs[k]
-                if self.all_tanh:
-                    d_out = torch.addcmul(d_out, d_out * h, h, value=-1.0)
-                else:
-                    activation = self.activations[k - 1]
-                    d_out = d_out * DERIVATIVES[type(activation)](activation, pre_activations[k - 1], h)
+                activation = self.activations[k - 1]
+                d_out = d_out * DERIVATIVES[type(activation)](activation, pre_activations[k - 1], inputs[k])
         return stats
 
     def output_grad_buffer(self, rows: int) -> torch.Tensor:
@@ -550,27 +520,61 @@ class FastPaths:
         """`used` as a markdown table, for TensorBoard's text tab."""
         return "|part|runs on|\n|-|-|\n" + "\n".join(f"|{part}|{way}|" for part, way in self.used.items())
 
-    def step_aside(self, part: str, iteration: int, reason: str, optimizer: torch.optim.Optimizer) -> str:
-        """Move `part` ("acting" or "update") to the plain path for the rest of the run, as the audit found it to
-        differ at `iteration`; returns the line to print. The update hands its Adam moments to the optimizer."""
+    def step_aside(self, part: str, iteration: int, reason: str) -> None:
+        """Move `part` ("acting", "update", or the update's "loss gradient") to the plain path for the rest of the run,
+        as the audit found it to differ at `iteration`, and say so in one line. The update hands its Adam moments to
+        the optimizer."""
+        self.switches.append({"part": part, "iteration": iteration, "reason": reason})
         if part == "loss gradient":  # the stacked update stays on, with the gradient derived from ppo_loss
             self.update.derive_loss_gradient = True
             self.used[part] = f"{LOSS_GRADIENT_DERIVED} from iteration {iteration}: {reason}"
-            self.switches.append({"part": part, "iteration": iteration, "reason": reason})
             then = "the loss's gradient is derived by autograd from now on"
-            return f"fast update: at iteration {iteration} the written-out loss gradient: {reason}; {then}"
+            say(f"fast update: at iteration {iteration} the written-out loss gradient: {reason}; {then}")
+            return
         if part == "acting":
             self.acting = False
             plain = "torch (Agent.get_distribution)"
         else:
+            optimizer = self.update.optimizer
             optimizer.load_state_dict(self.update.state_dict())
             self.update = None
             self.used.pop("loss gradient", None)
             plain = f"autograd (loss.backward()) and torch.optim.{type(optimizer).__name__}"
         self.used[part] = f"{plain} from iteration {iteration}: {reason}"
-        self.switches.append({"part": part, "iteration": iteration, "reason": reason})
         then = "acting with torch through Agent.get_distribution" if part == "acting" else "training with autograd"
-        return f"fast {part} off at iteration {iteration}: {reason}; {then} from now on"
+        say(f"fast {part} off at iteration {iteration}: {reason}; {then} from now on")
+
+    def audited_update(self, batch: dict, rows: int, loss_kwargs: dict, plain_update, iteration: int):
+        """The update for this batch: the StackedUpdate, once it has matched `plain_update` (autograd through the live
+        Agent and gae.ppo_loss) on a minibatch of the batch, before its first step; or None, for the plain path. The
+        minibatch: the first `rows` samples and those with each observation's extremes, where a clamp would bind."""
+        if self.update is None:
+            return None
+        obs = batch["obs"]
+        audited = torch.unique(
+            torch.cat([torch.arange(min(rows, len(obs)), device=obs.device), obs.argmin(0), obs.argmax(0)])
+        )
+        minibatch = {key: value[audited] for key, value in batch.items() if isinstance(value, torch.Tensor)}
+        _, difference, reason, loss_reason = self.update.audit(minibatch, loss_kwargs, plain_update)
+        self.differences["update"] = difference
+        if loss_reason is not None:
+            self.step_aside("loss gradient", iteration, loss_reason)
+        if reason is not None:
+            self.step_aside("update", iteration, reason)
+        return self.update
+
+    def read_acting_audits(self, rollouts: list[dict], iteration: int, counters: dict) -> None:
+        """The samplers' audits of their numpy actors (audit_acting, on each rollout's own observations). A rollout
+        whose actor acted otherwise than Agent was not trained on: the sampler sampled it again acting with torch
+        (sampling again keeps PPO's ratio anchored to the policy that acted; rescoring the actions with Agent would
+        not). Then acting moves to torch for the rest of the run, and the discarded rollouts are counted."""
+        audits = [float(r["acting_audit"]) for r in rollouts if np.isfinite(r["acting_audit"])]
+        if audits:
+            self.differences["acting"] = max(audits)
+        problems = [str(r["acting_problem"]) for r in rollouts if str(r["acting_problem"])]
+        counters["discarded_rollouts"] += len(problems)
+        if problems and self.acting:
+            self.step_aside("acting", iteration, f"{problems[0]}; its rollout was discarded and sampled again")
 
     def scalars(self) -> dict[str, float]:
         """What TensorBoard records of the fast paths each iteration, under audit/."""
@@ -610,7 +614,7 @@ def relative_differences(fast, plain, floor: float = 0.0) -> tuple[list[float], 
 # ---------------------------------------------------------------------------------------------------------------------
 def audit_acting(actor: NumpyActor, agent: nn.Module, obs: np.ndarray, actions: np.ndarray, logprobs: np.ndarray):
     """NumpyActor against the Agent it mirrors, on a rollout's observations as they were acted on: the means and stds
-    (a categorical's log-probabilities of every action) against Agent.get_distribution, and the log-probabilities the
+    against Agent.get_distribution, and the log-probabilities the
     rollout stored against Agent.evaluate's. Returns the largest difference as a fraction of its value's scale, and
     what differed when that is beyond float noise (None otherwise)."""
     flat_obs = obs.reshape(-1, obs.shape[-1])
@@ -619,12 +623,8 @@ def audit_acting(actor: NumpyActor, agent: nn.Module, obs: np.ndarray, actions: 
         obs_tensor = torch.from_numpy(flat_obs)
         dist = agent.get_distribution(obs_tensor)
         plain_logprob = agent.evaluate(obs_tensor, torch.from_numpy(flat_actions))[0]
-        if actor.discrete:
-            all_log_probs = log_softmax(actor.actor(flat_obs).astype(np.float64))
-            compared = {"action log-probabilities": (all_log_probs, dist.logits.log_softmax(-1))}
-        else:
-            compared = {"mean": (actor.actor(flat_obs), dist.mean)}
-            compared["std"] = (np.ascontiguousarray(np.broadcast_to(actor.std, dist.stddev.shape)), dist.stddev)
+        compared = {"mean": (actor.actor(flat_obs), dist.mean)}
+        compared["std"] = (np.ascontiguousarray(np.broadcast_to(actor.std, dist.stddev.shape)), dist.stddev)
         compared["log-probability of the actions taken"] = (logprobs.reshape(-1), plain_logprob)
     return worst_of(compared, "Agent on this rollout's observations")
 
@@ -700,9 +700,9 @@ def describe(dist: Distribution) -> str:
 
 
 def require_diagonal_gaussian(dist: Distribution) -> None:
-    """DoesNotFit unless the policy is the diagonal Gaussian (or the categorical) that the fast paths compute."""
+    """DoesNotFit unless the policy is the diagonal Gaussian that the fast paths compute."""
     gaussian = isinstance(dist, Independent) and type(dist.base_dist) is Normal and dist.reinterpreted_batch_ndims == 1
-    if not gaussian and type(dist) is not Categorical:
+    if not gaussian:
         raise DoesNotFit(
             f"Agent.get_distribution returns {describe(dist)}, not the diagonal Gaussian (Independent(Normal, 1)) "
             "it computes"
@@ -732,24 +732,16 @@ def check_acting(agent: nn.Module, obs_dim: int, act_dim: int, rows: int = 64) -
             require_diagonal_gaussian(dist)
             numpy_actor = NumpyActor(cpu_agent)
             again = cpu_agent.get_distribution(obs)
-            if not torch.equal(
-                dist.logits if agent.discrete else dist.mean, again.logits if agent.discrete else again.mean
-            ):
+            if not torch.equal(dist.mean, again.mean):
                 raise DoesNotFit("Agent.get_distribution gives two answers for one input (a random layer)")
-            if agent.discrete:
-                actions = torch.randint(act_dim, (rows,), generator=generator)
-                plain = [dist.logits.log_softmax(-1), dist.log_prob(actions), dist.entropy()]
-                all_log_probs = log_softmax(numpy_actor.actor(obs.numpy()).astype(np.float64))
-                fast = [all_log_probs, numpy_actor.log_prob(obs.numpy(), actions.numpy(), None)]
-            else:
-                noise = torch.randn(rows, act_dim, generator=generator)
-                actions = dist.mean + dist.stddev * noise
-                plain = [dist.mean, dist.stddev, dist.log_prob(actions), dist.entropy()]
-                fast = [
-                    numpy_actor.actor(obs.numpy()),
-                    np.ascontiguousarray(np.broadcast_to(numpy_actor.std, (rows, act_dim))),
-                ]
-                fast.append(numpy_actor.log_prob(obs.numpy(), actions.numpy(), noise.numpy()))
+            noise = torch.randn(rows, act_dim, generator=generator)
+            actions = dist.mean + dist.stddev * noise
+            plain = [dist.mean, dist.stddev, dist.log_prob(actions), dist.entropy()]
+            fast = [
+                numpy_actor.actor(obs.numpy()),
+                np.ascontiguousarray(np.broadcast_to(numpy_actor.std, (rows, act_dim))),
+            ]
+            fast.append(numpy_actor.log_prob(obs.numpy(), actions.numpy(), noise.numpy()))
             fast.append(numpy_actor.entropy(obs.numpy()))
     except DoesNotFit as e:
         return f"the network does not fit it ({e})"
@@ -761,10 +753,10 @@ def check_acting(agent: nn.Module, obs_dim: int, act_dim: int, rows: int = 64) -
     return None
 
 
-def synthetic_minibatch(agent: nn.Module, obs_dim: int, clip_coef: float, decoupled: bool, rows: int = 64) -> dict:
+def synthetic_minibatch(agent: nn.Module, obs_dim: int, clip_coef: float, behaviour: bool, rows: int = 64) -> dict:
     """Observations, actions and targets around the agent's own outputs that take every branch of the loss: ratios
     inside and outside the clip on both sides, both signs of advantage, value steps inside and outside the value
-    clip, and (decoupled) importance weights on both sides of 1."""
+    clip, and (`behaviour`: the decoupled loss's behaviour log-probabilities) importance weights on both sides of 1."""
     generator = torch.Generator().manual_seed(1)
     device = next(agent.parameters()).device
     obs = torch.randn(rows, obs_dim, generator=generator)
@@ -782,14 +774,14 @@ def synthetic_minibatch(agent: nn.Module, obs_dim: int, clip_coef: float, decoup
     minibatch["advantages"] = sign * (0.5 + torch.rand(rows, generator=generator))
     minibatch["values"] = new_value.cpu() - value_steps
     minibatch["returns"] = new_value.cpu() + torch.randn(rows, generator=generator)
-    if decoupled:
+    if behaviour:
         # importance weights pi_old / pi_behaviour on both sides of 1, and past --max-is-weight's default cap
         weights = torch.tensor([0.2, 0.8, 1.3, 150.0]).repeat(rows // 4 + 1)[:rows]
         minibatch["behaviour_logprobs"] = minibatch["logprobs"] - weights.log()
     return {key: value.to(device) for key, value in minibatch.items()}
 
 
-def check_loss_gradient(agent, obs_dim: int, loss_settings: list[dict], decoupled: bool) -> str | None:
+def check_loss_gradient(agent, obs_dim: int, loss_settings: list[dict]) -> str | None:
     """None when written_loss_gradients equals the gradient derived from gae.ppo_loss on a minibatch that takes every
     branch of the loss, with each of the run's loss settings; else why not (an edited ppo_loss)."""
     try:
@@ -797,8 +789,8 @@ def check_loss_gradient(agent, obs_dim: int, loss_settings: list[dict], decouple
         with torch.no_grad():
             require_diagonal_gaussian(plain_agent.get_distribution(torch.zeros(1, obs_dim, device=device_of(agent))))
         worst = (0.0, None)
-        for loss_kwargs in loss_settings:
-            minibatch = synthetic_minibatch(plain_agent, obs_dim, loss_kwargs["clip_coef"], decoupled)
+        for loss_kwargs, behaviour in itertools.product(loss_settings, (False, True)):
+            minibatch = synthetic_minibatch(plain_agent, obs_dim, loss_kwargs["clip_coef"], behaviour)
             with torch.no_grad():
                 new_logprob, entropy, new_values = plain_agent.evaluate(minibatch["obs"], minibatch["actions"])
                 stats = ppo_loss_of(new_logprob, new_values, entropy, minibatch, loss_kwargs)
@@ -816,11 +808,11 @@ def check_loss_gradient(agent, obs_dim: int, loss_settings: list[dict], decouple
 
 
 def check_update(
-    agent, optimizer, obs_dim: int, loss_settings: list[dict], decoupled: bool, plain, derive_loss_gradient: bool
+    agent, optimizer, obs_dim: int, loss_settings: list[dict], plain, derive_loss_gradient: bool
 ) -> str | None:
     """None when the fast update computes what the plain path does, else why not. `plain`: ppo_continuous.py's
-    (loss_and_gradients, clip_gradients), which run on the plain path and are compared against here."""
-    plain_loss_and_gradients, clip_gradients = plain
+    (PlainUpdate, clip_gradients), which run on the plain path and are compared against here."""
+    plain_update_type, clip_gradients = plain
     try:
         adam_settings(optimizer, agent)  # the run's optimizer; the copy's layers are checked by StackedUpdate
         plain_agent = perturbed_copy(agent)
@@ -835,10 +827,10 @@ def check_update(
         return f"stacking Agent failed ({failure(e)})"
     worst = (0.0, "")
     try:
-        for loss_kwargs in loss_settings:
-            minibatch = synthetic_minibatch(plain_agent, obs_dim, loss_kwargs["clip_coef"], decoupled)
+        for loss_kwargs, behaviour in itertools.product(loss_settings, (False, True)):
+            minibatch = synthetic_minibatch(plain_agent, obs_dim, loss_kwargs["clip_coef"], behaviour)
             plain_optimizer = torch.optim.SGD(plain_agent.parameters(), lr=0.0)  # only its zero_grad is used
-            plain_stats = plain_loss_and_gradients(plain_agent, plain_optimizer, minibatch, **loss_kwargs)
+            plain_stats = plain_update_type(plain_agent, plain_optimizer).loss_and_gradients(minibatch, **loss_kwargs)
             fast_stats = fast.loss_and_gradients(minibatch, **loss_kwargs)
             _, _, plain_values = plain_agent.evaluate(minibatch["obs"], minibatch["actions"])
             fast_values = fast.forward(minibatch["obs"])[2][1, :, 0]
@@ -912,7 +904,7 @@ def check_adam_steps(
 
 def failure(e: Exception) -> str:
     """An exception in a few words: its type and the first line of its message."""
-    message = str(e).splitlines()[0][:120] if str(e).strip() else "no message"
+    message = first_line(e)[:120] if str(e).strip() else "no message"
     return f"{type(e).__name__}: {message}"
 
 
@@ -925,16 +917,15 @@ def adam_options(optimizer: torch.optim.Optimizer) -> dict:
     return dict(lr=float(group["lr"]), betas=group["betas"], eps=group["eps"])
 
 
-def choose_fast_paths(
-    agent, optimizer, loss_settings: list[dict], decoupled: bool, enabled: bool, plain
-) -> tuple[FastPaths, list[str]]:
+def choose_fast_paths(agent, optimizer, loss_settings: list[dict], enabled: bool, plain) -> FastPaths:
     """Check each fast path against the plain path on perturbed copies of the run's agent and its optimizer, with each
-    of the run's loss settings; returns which parts run fast, and one line for each part that steps aside. `plain`:
-    ppo_continuous.py's (loss_and_gradients, clip_gradients). With enabled=False (--no-fast-path) nothing is checked."""
+    of the run's loss settings; returns which parts run fast, and says in one line why each part that steps aside
+    does. `plain`: ppo_continuous.py's (PlainUpdate, clip_gradients). With enabled=False (--no-fast-path) nothing is
+    checked."""
     plain_acting = "torch (Agent.get_distribution)"
     plain_update = f"autograd (loss.backward()) and torch.optim.{type(optimizer).__name__}"
     if not enabled:
-        return FastPaths(False, None, {"acting": plain_acting, "update": plain_update}), []
+        return FastPaths(False, None, {"acting": plain_acting, "update": plain_update})
     lines = []
     uncarried = uncarried_state(agent, optimizer)
     # The checks run the user's code, which may draw random numbers (dropout, say): the run's streams must not move
@@ -942,12 +933,10 @@ def choose_fast_paths(
     numpy_state = np.random.get_state()  # noqa: NPY002 (the global stream a user's code may draw from)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         acting_problem = uncarried.get("acting") or check_acting(agent, agent.obs_dim, agent.act_dim)
-        loss_problem = (
-            None if "update" in uncarried else check_loss_gradient(agent, agent.obs_dim, loss_settings, decoupled)
-        )
+        loss_problem = None if "update" in uncarried else check_loss_gradient(agent, agent.obs_dim, loss_settings)
         derive = loss_problem is not None
         update_problem = uncarried.get("update") or check_update(
-            agent, optimizer, agent.obs_dim, loss_settings, decoupled, plain, derive
+            agent, optimizer, agent.obs_dim, loss_settings, plain, derive
         )
     np.random.set_state(numpy_state)  # noqa: NPY002
     update = None
@@ -971,4 +960,6 @@ def choose_fast_paths(
     }
     if update is not None:
         used["loss gradient"] = LOSS_GRADIENT_DERIVED if derive else LOSS_GRADIENT_WRITTEN
-    return FastPaths(acting_problem is None, update, used), lines
+    for line in lines:
+        say(line)
+    return FastPaths(acting_problem is None, update, used)

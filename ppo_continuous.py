@@ -7,12 +7,10 @@ curves overlay. Differences that matter: time-limit truncations bootstrap from V
 statistics are saved with the policy and frozen at evaluation, a numerical guard drops bad samples, and runs can be
 checkpointed, interrupted (Ctrl-C or SIGTERM) and resumed.
 
-The file reads top to bottom as the algorithm: flags, env, agent, rollout, advantages with the numerical guard, the
-update, the training loop. The math it calls lives in gae.py; fast_paths.py holds the accelerators that stand in for
-acting and for the update where they prove equal, at start-up and on every iteration's own data; run_utils.py holds
-what makes a run safe to interrupt, resume and compare (checkpoints, the run folder and logging, loading and
-evaluating a saved policy, the command line).
-dppo_ray.py imports this file and adds only what distribution needs.
+The file reads top to bottom as the algorithm: flags, env, agent, acting, the rollout, advantages with the guard, the
+update, the training loop and its logging. The math lives in gae.py. fast_paths.py holds accelerators of acting and of
+the update that stand in where they prove equal to Agent and gae.ppo_loss; checkpoints.py and run_management.py hold
+what makes a run safe to interrupt, resume and compare.
 """
 
 from __future__ import annotations
@@ -21,17 +19,17 @@ import importlib
 import math
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn, optim
-from torch.distributions import Categorical, Distribution, Independent, Normal, TransformedDistribution
+from torch.distributions import Distribution, Independent, Normal
 
-import run_utils
-from fast_paths import FastPaths, NumpyActor, audit_acting, categorical_draw, choose_fast_paths
+import checkpoints
+from checkpoints import RunState, UsageError, restore_training, resume_checkpoint, save_atomic, training_checkpoint
+from fast_paths import FastPaths, NumpyActor, audit_acting, choose_fast_paths
 from gae import (
     DiscountedReturn,
     PPOLoss,
@@ -46,25 +44,17 @@ from gae import (
     ppo_loss,
     scale_rewards,
 )
-from run_utils import (
+from run_management import (
     PROG,
-    DistributionGap,
     Monitor,
-    Policy,
-    RunState,
     TrainingLoop,
-    UsageError,
     cli,
-    end_run,
-    observation_layout,
+    finish_run,
     quiet_mujoco_log,
     require_positive,
-    restore_training,
-    resume_checkpoint,
     run_folder,
-    save_atomic,
     seed_everything,
-    training_checkpoint,
+    tensorboard_writer,
 )
 
 
@@ -206,14 +196,14 @@ def validate_args(args: Args, batch_shape: str | None = None) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 def make_env(env_id: str, capture_video: bool = False, video_dir: str = "") -> gym.Env:
     """gym.make, with a Dict or Tuple observation (dm_control's, say) flattened into one vector; `env.obs_layout`
-    records how (see observation_layout), and is saved with the policy."""
+    records how (checkpoints.observation_layout), and is saved with the policy."""
     try:
         if env_id.startswith("dm_control/"):  # gymnasium 1.x loads no plugins: Shimmy registers these ids on import
             importlib.import_module("shimmy")
         env = gym.make(env_id, render_mode="rgb_array") if capture_video else gym.make(env_id)
     except (gym.error.Error, ModuleNotFoundError, ImportError) as e:
         raise UsageError(f"cannot make env '{env_id}': {str(e).splitlines()[0]}") from None
-    layout = observation_layout(env_id, env.observation_space)
+    layout = checkpoints.observation_layout(env_id, env.observation_space)
     if layout is not None:
         env = gym.wrappers.FlattenObservation(env)
     if capture_video:
@@ -222,25 +212,18 @@ def make_env(env_id: str, capture_video: bool = False, video_dir: str = "") -> g
     return env
 
 
-def check_spaces(env_id: str, env: gym.Env, allow_discrete: bool = False) -> tuple[int, int, bool]:
-    """(obs_dim, action_dim or number of actions, discrete) of an env, or a UsageError."""
+def check_spaces(env_id: str, env: gym.Env) -> tuple[int, int]:
+    """(obs_dim, action_dim) of an env with a flat Box observation and Box actions, or a UsageError."""
     observation_space, action_space = env.observation_space, env.action_space
-    discrete = isinstance(action_space, gym.spaces.Discrete)
-    if not (isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1) and not (
-        discrete and allow_discrete
-    ):
-        raise UsageError(
-            f"{env_id} has a {action_space} action space; ppo_continuous.py needs a continuous (Box) one "
-            "(dppo_ray.py also takes Discrete)"
-        )
+    if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
+        raise UsageError(f"{env_id} has a {action_space} action space; {PROG} needs a continuous (Box) one")
     if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
         raise UsageError(f"{env_id} has observation space {observation_space}; a Box, Dict or Tuple is needed")
-    return observation_space.shape[0], int(action_space.n) if discrete else action_space.shape[0], discrete
+    return observation_space.shape[0], action_space.shape[0]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Agent: separate 64-64 tanh actor and critic. Box actions: a Gaussian with a state-independent log-std.
-# Discrete actions (dppo_ray.py's CartPole check): a categorical over the same actor's outputs.
+# Agent: separate 64-64 tanh actor and critic, a Gaussian policy with a state-independent log-std.
 # This is the one definition of the network and the policy; fast_paths.py checks its accelerators against it.
 # ---------------------------------------------------------------------------------------------------------------------
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
@@ -260,26 +243,21 @@ def mlp(in_dim: int, out_dim: int, out_std: float) -> nn.Sequential:
 
 
 class Agent(nn.Module):
-    obs_layout: list | None = None  # how a Dict/Tuple observation becomes the input vector (observation_layout)
+    obs_layout: list | None = None  # how a Dict/Tuple observation becomes the input vector (saved with the policy)
 
-    def __init__(self, obs_dim: int, act_dim: int, discrete: bool = False):
+    def __init__(self, obs_dim: int, act_dim: int):
         super().__init__()
-        # The constructor's arguments are saved with the policy, to rebuild it
-        self.obs_dim = obs_dim
+        self.obs_dim = obs_dim  # the constructor's arguments are saved with the policy, to rebuild it
         self.act_dim = act_dim
-        self.discrete = discrete
         self.critic = mlp(obs_dim, 1, out_std=1.0)
         self.actor_mean = mlp(obs_dim, act_dim, out_std=0.01)
-        if not discrete:
-            self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))
+        self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))
 
     def get_value(self, x: torch.Tensor) -> torch.Tensor:
         return self.critic(x).squeeze(-1)
 
     def get_distribution(self, x: torch.Tensor) -> Distribution:
         """The policy at observations x: one distribution over whole action vectors."""
-        if self.discrete:
-            return Categorical(logits=self.actor_mean(x), validate_args=False)
         action_mean = self.actor_mean(x)
         action_std = self.actor_logstd.expand_as(action_mean).exp()
         return Independent(Normal(action_mean, action_std, validate_args=False), 1, validate_args=False)
@@ -287,26 +265,23 @@ class Agent(nn.Module):
     def evaluate(self, x: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-probability of `action`, policy entropy and value: what the loss needs."""
         dist = self.get_distribution(x)
-        return dist.log_prob(action.long() if self.discrete else action), dist.entropy(), self.get_value(x)
+        return dist.log_prob(action), dist.entropy(), self.get_value(x)
 
     def numpy_weights(self) -> dict[str, np.ndarray]:
-        """What the sampler receives: plain numpy arrays, cheap to copy and to send to a Ray actor."""
+        """What the sampler receives: plain numpy arrays, cheap to copy and to send to another process."""
         return {k: v.detach().cpu().numpy().copy() for k, v in self.state_dict().items()}
 
 
 class TorchActor:
-    """Acting the plain way: Agent.get_distribution on a batch of observations. (NumpyActor in fast_paths.py is its
-    fast path, used when it matches.) Actions are drawn from the rollout's own noise, so both ways draw the same."""
+    """Acting: Agent.get_distribution on a batch of observations, the action drawn from the rollout's own noise.
+    (fast_paths.NumpyActor, with the same methods, stands in where it matches.)"""
 
     def __init__(self, agent: Agent):
         self.agent = agent
-        self.discrete = agent.discrete
 
     def act(self, obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
         with torch.no_grad():
             dist = self.agent.get_distribution(torch.from_numpy(obs))
-            if isinstance(dist, Categorical):
-                return categorical_draw(dist.logits.double().log_softmax(-1).numpy(), noise)
             gaussian = dist.base_dist if isinstance(dist, Independent) else dist
             if isinstance(gaussian, Normal):
                 return (gaussian.loc + gaussian.scale * torch.from_numpy(noise).to(gaussian.loc.dtype)).numpy()
@@ -320,38 +295,9 @@ class TorchActor:
             logprob = self.agent.evaluate(flat_obs, flat_actions)[0]
         return logprob.numpy().reshape(obs.shape[:-1])
 
-    def best_action(self, obs: np.ndarray) -> np.ndarray:
-        """The distribution's mode: the mean, or the most likely action (see distribution_mode)."""
-        with torch.no_grad():
-            return distribution_mode(self.agent.get_distribution(torch.from_numpy(np.asarray(obs, np.float32)))).numpy()
-
-
-def distribution_mode(dist: Distribution) -> torch.Tensor:
-    """The action that "mean action" evaluation takes: the distribution's mode. A transformed distribution without one
-    (a tanh-squashed Gaussian, say) takes its base distribution's mode through the transforms, as SAC's evaluation
-    does. Any other distribution without a mode is a DistributionGap."""
-    try:
-        return dist.mode
-    except NotImplementedError:
-        if isinstance(dist, Independent):
-            return distribution_mode(dist.base_dist)
-        if isinstance(dist, TransformedDistribution):
-            action = distribution_mode(dist.base_dist)
-            for transform in dist.transforms:
-                action = transform(action)
-            return action
-        raise DistributionGap(
-            f"the policy's {type(dist).__name__} has no mode, which mean-action evaluation and predict need: give it "
-            "one, or return a distribution that has one from Agent.get_distribution"
-        ) from None
-
-
-def make_actor(agent: Agent, fast: bool) -> NumpyActor | TorchActor:
-    return NumpyActor(agent) if fast else TorchActor(agent)
-
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Rollout: the Sampler steps the envs with the latest policy; in dppo_ray.py each Ray rollout actor is one
+# Rollout: the Sampler steps the envs with the latest policy it was given
 # ---------------------------------------------------------------------------------------------------------------------
 def step_envs(envs: list[gym.Env], actions: np.ndarray, out: tuple[np.ndarray, ...] | None = None):
     """Step every env; an env whose episode ended is reset in the same call. `out`: the (observations, rewards,
@@ -386,41 +332,47 @@ class Sampler:
     Episodes continue across rollouts. Observations are stored normalized with the statistics the policy acted on,
     and the raw observations' moments go back to the learner, which owns the statistics."""
 
-    def __init__(self, env_id: str, num_envs: int, seed: int, args: Args, video_dir: str = "", allow_discrete=False):
+    def __init__(self, env_id: str, num_envs: int, seed: int, args: Args, video_dir: str = ""):
         quiet_mujoco_log()
         self.envs = [make_env(env_id, args.capture_video and i == 0, video_dir) for i in range(num_envs)]
-        self.spaces = check_spaces(env_id, self.envs[0], allow_discrete)  # (obs_dim, act_dim, discrete)
-        self.discrete = self.spaces[2]
-        space = self.envs[0].action_space
-        self.low = None if self.discrete else space.low
-        self.high = None if self.discrete else space.high
+        self.spaces = self.check_spaces(env_id, self.envs[0])  # (obs_dim, act_dim): a bad env fails here
+        self.action_space = self.envs[0].action_space
         self.obs_clip = args.obs_clip
         self.norm_obs = args.norm_obs
         self.seed = seed
         self.rng = np.random.default_rng(seed)
-        self.warmup_rng = np.random.default_rng([seed, 1])
         self.raw_obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(self.envs)])
         self.returns = DiscountedReturn(num_envs, args.gamma)
         self.episode_returns = np.zeros(num_envs)
         self.episode_lengths = np.zeros(num_envs, dtype=np.int64)
         self.agent: Agent | None = None  # the sampler's own copy, built when the first weights arrive
         self.policy: NumpyActor | TorchActor | None = None
-        self.version = -1
         self.obs_mean = self.obs_std = None
 
-    def set_policy(self, weights: dict[str, np.ndarray], version: int) -> int:
+    def check_spaces(self, env_id: str, env: gym.Env) -> tuple[int, int]:
+        return check_spaces(env_id, env)
+
+    def make_agent(self) -> Agent:
+        return Agent(*self.spaces)
+
+    def make_actor(self, fast: bool) -> NumpyActor | TorchActor:
+        return NumpyActor(self.agent) if fast else TorchActor(self.agent)
+
+    def draw_noise(self, shape: tuple[int, ...]) -> np.ndarray:
+        """The rollout's noise, drawn at once: standard normal, one per action dimension."""
+        return self.rng.standard_normal((*shape, *self.action_space.shape))
+
+    def set_policy(self, weights: dict[str, np.ndarray]) -> None:
         """`weights`: policy_weights, the agent's numpy state dict plus the learner's observation statistics and
         whether its numpy fast path matched. The sampler keeps an Agent of its own to act with, or to mirror."""
         if self.agent is None:
             with torch.random.fork_rng(devices=[]):  # the learner's random stream must not depend on where this runs
-                self.agent = Agent(*self.spaces)
+                self.agent = self.make_agent()
         self.agent.load_state_dict({key: torch.tensor(weights[key]) for key in self.agent.state_dict()})
-        self.policy = make_actor(self.agent, bool(weights["fast_acting"]))
-        self.version = version
+        self.policy = self.make_actor(bool(weights["fast_acting"]))
         if self.norm_obs:
             self.obs_mean = weights["obs_mean"]
             self.obs_std = np.sqrt(weights["obs_var"] + 1e-8)
-        return version
 
     def normalize(self, raw: np.ndarray, out: np.ndarray | None = None, fill: float = np.nan) -> np.ndarray:
         return normalize_obs(raw, self.obs_mean, self.obs_std, self.obs_clip, out, fill)
@@ -428,40 +380,49 @@ class Sampler:
     def warm_up(self, steps: int) -> tuple[np.ndarray, np.ndarray, int]:
         """Moments of the observations met in `steps` random-action steps per env; then every env starts afresh."""
         seen = [self.raw_obs]
-        n = len(self.envs)
-        if not self.discrete:
-            low, high = np.nan_to_num(self.low, neginf=-1.0), np.nan_to_num(self.high, posinf=1.0)
+        space = self.action_space
+        space.seed(self.seed + 1)
         for _ in range(steps):
-            if self.discrete:
-                actions = self.warmup_rng.integers(self.envs[0].action_space.n, size=n)
-            else:
-                actions = self.warmup_rng.uniform(low, high, size=(n, len(low)))
-            seen.append(step_envs(self.envs, actions)[0])
+            seen.append(step_envs(self.envs, [space.sample() for _ in self.envs])[0])
         self.raw_obs = np.stack([env.reset(seed=self.seed + i)[0] for i, env in enumerate(self.envs)])
         return finite_moments(np.concatenate(seen))
 
     def rollout(self, num_steps: int) -> dict[str, np.ndarray]:
+        """One rollout. A numpy actor is audited on the observations it acted on (fast_paths.audit_acting): where it
+        acted otherwise than Agent, its rollout is discarded (its steps and episodes still count) and sampled again
+        acting with torch, for PPO's ratio must be anchored to the policy that acted."""
+        rollout = self.sample(num_steps)
+        if not rollout["acting_problem"]:
+            return rollout
+        self.policy = TorchActor(self.agent)
+        again = self.sample(num_steps)
+        again["env_steps"] += rollout["env_steps"]
+        for key in ("episode_returns", "episode_lengths"):
+            again[key] = np.concatenate([rollout[key], again[key]])
+        return again | {key: rollout[key] for key in ("acting_audit", "acting_problem")}
+
+    def sample(self, num_steps: int) -> dict[str, np.ndarray]:
         """The loop does only what the next env step needs; the rest is done on whole arrays after it. (Work done
         right after an env's wait costs several times more CPU than the same work in a tight loop: caches are cold.)"""
-        start = time.perf_counter()
         num_envs, obs_dim = len(self.envs), self.raw_obs.shape[1]
         shape = (num_steps, num_envs)
         obs = np.zeros((*shape, obs_dim), np.float32)
         raw_obs = np.zeros((num_steps + 1, num_envs, obs_dim))
         raw_obs[0] = self.raw_obs  # the envs write each step's successor into the next row
-        actions = np.zeros((*shape, *(() if self.discrete else self.low.shape)), np.float32)
+        actions = np.zeros((*shape, *self.action_space.shape), np.float32)
         rewards = np.zeros(shape)
         terminations = np.zeros(shape, bool)
         truncations = np.zeros(shape, bool)
         final_obs, final_index = [], []
-        # The rollout's noise, drawn at once: standard normal for a Gaussian, uniform for a categorical
-        noise = self.rng.random((*shape, 1)) if self.discrete else self.rng.standard_normal((*shape, *self.low.shape))
+        noise = self.draw_noise(shape)
         for step in range(num_steps):
             # A non-finite observation is acted on as zeros; after the loop its stored row becomes NaN, for the guard.
             acting_obs = self.normalize(raw_obs[step], out=obs[step], fill=0.0)
             action = self.policy.act(acting_obs, noise[step])
             actions[step] = action
-            env_action = action if self.discrete else np.minimum(np.maximum(action, self.low), self.high)
+            env_action = action
+            if isinstance(self.action_space, gym.spaces.Box):
+                env_action = np.minimum(np.maximum(action, self.action_space.low), self.action_space.high)
             *_, final = step_envs(
                 self.envs, env_action, (raw_obs[step + 1], rewards[step], terminations[step], truncations[step])
             )
@@ -470,9 +431,9 @@ class Sampler:
                     final_obs.append(self.normalize(last_obs))
                     final_index.append((step, i))
         logprobs = self.policy.log_prob(obs, actions, noise).astype(np.float32)
-        acted_fast = isinstance(self.policy, NumpyActor)
-        # The numpy actor is audited on the observations it acted on (as acted: before NaN rows are marked)
-        audit, problem = audit_acting(self.policy, self.agent, obs, actions, logprobs) if acted_fast else (np.nan, None)
+        audit, problem = np.nan, None
+        if isinstance(self.policy, NumpyActor):  # audited on the observations as acted (before NaN rows are marked)
+            audit, problem = audit_acting(self.policy, self.agent, obs, actions, logprobs)
         obs[~np.isfinite(raw_obs[:num_steps]).all(axis=-1)] = np.nan
         ended = terminations | truncations
         episode_returns, episode_lengths = self.finished_episodes(rewards, ended)
@@ -492,13 +453,11 @@ class Sampler:
             "obs_mean": obs_mean,
             "obs_var": obs_var,
             "obs_count": np.array(obs_count),
+            "env_steps": rewards.size,
             "episode_returns": np.array(episode_returns),
             "episode_lengths": np.array(episode_lengths),
-            "acted_fast": np.array(acted_fast),
             "acting_audit": np.array(audit),
             "acting_problem": np.array(problem or ""),
-            "policy_version": np.array(self.version),
-            "sample_seconds": np.array(time.perf_counter() - start),
         }
 
     def finished_episodes(self, rewards: np.ndarray, ended: np.ndarray) -> tuple[list[float], list[int]]:
@@ -522,12 +481,12 @@ class Sampler:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Learner: the agent, its optimizer and the statistics; advantages with the per-sample guard (shared by both scripts)
+# Learner: the agent, its optimizer and the statistics; advantages with the per-sample guard
 # ---------------------------------------------------------------------------------------------------------------------
 @dataclass
 class Learner:
-    """What a run trains and saves: the agent, its optimizer, the fast paths that stand in for parts of the plain path
-    (none until start_fast_paths), and the running statistics of the observations and of the discounted return."""
+    """What a run trains and saves: the agent, its optimizer, the running statistics of the observations and of the
+    discounted return, and the fast paths that stand in for acting and the update (none until start_fast_paths)."""
 
     agent: Agent
     optimizer: optim.Optimizer
@@ -536,31 +495,30 @@ class Learner:
     fast: FastPaths = field(default_factory=FastPaths)
 
 
-def make_learner(args: Args, obs_dim: int, act_dim: int, discrete: bool, device: torch.device) -> Learner:
-    agent = Agent(obs_dim, act_dim, discrete).to(device)
+def make_learner(args: Args, agent: Agent, device: torch.device) -> Learner:
+    agent = agent.to(device)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    return Learner(agent, optimizer, RunningMeanStd(shape=(obs_dim,)), RunningMeanStd(shape=()))
+    return Learner(agent, optimizer, RunningMeanStd(shape=(agent.obs_dim,)), RunningMeanStd(shape=()))
 
 
 def loss_settings(args: Args, ent_coef: float) -> dict:
-    """gae.ppo_loss's keyword arguments for this run (dppo_ray.py's --max-is-weight included when it has one)."""
-    settings = dict(clip_coef=args.clip_coef, clip_vloss=args.clip_vloss, ent_coef=ent_coef, vf_coef=args.vf_coef)
-    settings["norm_adv"] = args.norm_adv
-    if hasattr(args, "max_is_weight"):
-        settings["max_is_weight"] = args.max_is_weight
-    return settings
+    """gae.ppo_loss's keyword arguments for this run."""
+    return dict(
+        clip_coef=args.clip_coef,
+        clip_vloss=args.clip_vloss,
+        ent_coef=ent_coef,
+        vf_coef=args.vf_coef,
+        norm_adv=args.norm_adv,
+    )
 
 
-def start_fast_paths(learner: Learner, args: Args, decoupled: bool = False) -> None:
-    """Check the fast paths against Agent, ppo_loss and the optimizer (fast_paths.py); the run uses those that match,
-    and each that steps aside says so in one line."""
-    agent = learner.agent
+def start_fast_paths(learner: Learner, args: Args, settings=loss_settings) -> None:
+    """Check the fast paths against Agent, ppo_loss and the optimizer, with the loss settings of every entropy
+    coefficient the run will use (fast_paths.py); the run uses those that match."""
     ent_coefs = {args.ent_coef} if args.ent_coef_final is None else {args.ent_coef, args.ent_coef_final}
-    settings = [loss_settings(args, ent_coef) for ent_coef in sorted(ent_coefs)]
-    plain = (loss_and_gradients, clip_gradients)
-    learner.fast, lines = choose_fast_paths(agent, learner.optimizer, settings, decoupled, args.fast_path, plain)
-    for line in lines:
-        print(f"{PROG}: {line}", file=sys.stderr)
+    loss_kwargs = [settings(args, ent_coef) for ent_coef in sorted(ent_coefs)]
+    plain = (PlainUpdate, clip_gradients)
+    learner.fast = choose_fast_paths(learner.agent, learner.optimizer, loss_kwargs, args.fast_path, plain)
 
 
 def policy_weights(learner: Learner) -> dict[str, np.ndarray]:
@@ -644,103 +602,76 @@ def prepare_batch(learner: Learner, rollout: dict, args: Args) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The update: the PPO epochs, as CleanRL writes them (fast_paths.StackedUpdate may stand in for two of its functions)
+# The update: the PPO epochs, as CleanRL writes them
 # ---------------------------------------------------------------------------------------------------------------------
-def loss_and_gradients(agent: Agent, optimizer: optim.Optimizer, minibatch: dict, **loss_kwargs) -> PPOLoss:
-    """One minibatch's loss through Agent.evaluate and gae.ppo_loss, and its gradient by autograd."""
-    new_logprob, entropy, new_value = agent.evaluate(minibatch["obs"], minibatch["actions"])
-    stats = ppo_loss(
-        new_logprob,
-        minibatch["logprobs"],
-        minibatch["advantages"],
-        new_value,
-        minibatch["values"],
-        minibatch["returns"],
-        entropy,
-        behaviour_logprob=minibatch.get("behaviour_logprobs"),
-        **loss_kwargs,
-    )
-    optimizer.zero_grad()
-    stats.loss.backward()
-    return stats
+class PlainUpdate:
+    """One minibatch's gradient step, the plain way: the loss through Agent.evaluate and gae.ppo_loss, its gradient by
+    autograd, then the optimizer's step. (fast_paths.StackedUpdate, with the same methods, stands in where it
+    matches.)"""
+
+    def __init__(self, agent: Agent, optimizer: optim.Optimizer):
+        self.agent = agent
+        self.optimizer = optimizer
+
+    def loss_and_gradients(self, minibatch: dict, **loss_kwargs) -> PPOLoss:
+        new_logprob, entropy, new_value = self.agent.evaluate(minibatch["obs"], minibatch["actions"])
+        stats = ppo_loss(
+            new_logprob,
+            minibatch["logprobs"],
+            minibatch["advantages"],
+            new_value,
+            minibatch["values"],
+            minibatch["returns"],
+            entropy,
+            behaviour_logprob=minibatch.get("behaviour_logprobs"),
+            **loss_kwargs,
+        )
+        self.optimizer.zero_grad()
+        stats.loss.backward()
+        return stats
+
+    def gradients(self) -> list[torch.Tensor]:
+        return [p.grad for p in self.agent.parameters() if p.grad is not None]
+
+    def step(self) -> None:
+        self.optimizer.step()
 
 
 def clip_gradients(gradients: list[torch.Tensor], max_norm: float) -> float:
     """nn.utils.clip_grad_norm_'s clip, in place: scale the gradients so that their global norm is at most max_norm;
-    returns the norm before clipping. (The fast update passes its one flat gradient buffer, the plain path each
-    parameter's gradient; the start-up check makes sure that this function treats them alike.)"""
+    returns the norm before clipping (a NaN norm falls through to the caller's guard)."""
     norms = [torch.linalg.vector_norm(g) for g in gradients]
     norm = (norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))).item()
-    if norm > max_norm:  # a NaN norm falls through to the caller's guard
+    if norm > max_norm:
         for g in gradients:
             g.mul_(max_norm / (norm + 1e-6))
     return norm
 
 
-def audit_fast_update(learner: Learner, minibatch: dict, loss_kwargs: dict, iteration: int) -> None:
-    """Before an update's first step: a minibatch of its batch on the fast path and the plain one
-    (fast_paths.StackedUpdate.audit). Where the stacked update differs from autograd through the live Agent and
-    ppo_loss, the update moves to the plain path before it steps."""
-    fast = learner.fast
-    _, difference, reason, loss_reason = fast.update.audit(
-        minibatch, loss_kwargs, loss_and_gradients, learner.optimizer
-    )
-    fast.differences["update"] = difference
-    if loss_reason is not None:
-        print(f"{PROG}: {fast.step_aside('loss gradient', iteration, loss_reason, learner.optimizer)}", file=sys.stderr)
-    if reason is not None:
-        print(f"{PROG}: {fast.step_aside('update', iteration, reason, learner.optimizer)}", file=sys.stderr)
-
-
-def ppo_update(learner: Learner, batch: dict, args: Args, ent_coef: float, iteration: int) -> tuple[dict, str | None]:
+def ppo_update(learner: Learner, batch: dict, args: Args, loss_kwargs: dict, iteration: int) -> tuple[dict, str | None]:
     """--update-epochs passes over shuffled minibatches of the samples the guard kept. Returns the statistics of the
-    last minibatch (as CleanRL logs them) and a problem string when the loss or a gradient went non-finite.
-    `iteration` (1-based) names the update in the audit's line."""
-    agent = learner.agent
-    audit = learner.fast.update is not None  # before the first step, a minibatch of this batch runs both ways
+    last minibatch (as CleanRL logs them) and a problem string when the loss or a gradient went non-finite."""
     kept = len(batch["advantages"])
     if kept < batch["size"] / 2:
         return {}, f"only {kept} of {batch['size']} samples are usable (NaN/inf data or outlier advantages)"
-    loss_kwargs = loss_settings(args, ent_coef)
-    # The batch's columns side by side in one tensor, so that a minibatch is one gather and views of it: the
-    # per-sample vectors (observations, Box actions), then the per-sample numbers stacked
-    vectors = [key for key, value in batch.items() if isinstance(value, torch.Tensor) and value.dim() == 2]
-    numbers = [key for key, value in batch.items() if isinstance(value, torch.Tensor) and value.dim() == 1]
-    packed = torch.cat([batch[key] for key in vectors] + [torch.stack([batch[key] for key in numbers], 1)], 1)
-    widths = [batch[key].shape[1] for key in vectors] + [len(numbers)]
+    plain = PlainUpdate(learner.agent, learner.optimizer)
+    # The stacked update where it matches autograd on a minibatch of this very batch (fast_paths.py), else autograd
+    update = learner.fast.audited_update(batch, args.minibatch_size, loss_kwargs, plain, iteration) or plain
+    columns = [key for key, value in batch.items() if isinstance(value, torch.Tensor)]
     ratios = []
-    stats = None
     for epoch in range(args.update_epochs):
-        permutation = torch.randperm(kept, device=batch["advantages"].device)
-        for indices in torch.tensor_split(permutation, args.num_minibatches):
-            if len(indices) == 0:  # more minibatches than samples kept
+        b_inds = torch.randperm(kept, device=batch["advantages"].device)
+        for mb_inds in torch.tensor_split(b_inds, args.num_minibatches):
+            if len(mb_inds) == 0:  # more minibatches than samples kept
                 continue
-            if audit:  # the first minibatch with the batch's extreme observations, where a clamp would bind
-                rows = torch.unique(torch.cat([indices, batch["obs"].argmin(0), batch["obs"].argmax(0)]))
-                *vector_rows, number_rows = packed.index_select(0, rows).split(widths, 1)
-                audited = dict(zip(vectors, vector_rows)) | dict(zip(numbers, number_rows.unbind(1)))
-                audit_fast_update(learner, audited, loss_kwargs, iteration)
-                audit = False
-            *vector_rows, number_rows = packed.index_select(0, indices).split(widths, 1)
-            minibatch = dict(zip(vectors, vector_rows)) | dict(zip(numbers, number_rows.unbind(1)))
-            fast_update = learner.fast.update
-            if fast_update is not None:
-                stats = fast_update.loss_and_gradients(minibatch, **loss_kwargs)
-            else:
-                stats = loss_and_gradients(agent, learner.optimizer, minibatch, **loss_kwargs)
+            minibatch = {key: batch[key][mb_inds] for key in columns}
+            stats = update.loss_and_gradients(minibatch, **loss_kwargs)
             loss = stats.loss.item()  # the guard must see it before the step
             if not math.isfinite(loss) or abs(loss) > args.guard_max_abs:
                 return {}, f"loss {loss:.3g} in epoch {epoch + 1}"
-            if fast_update is not None:
-                gradients = [fast_update.grads]
-            else:
-                gradients = [p.grad for p in agent.parameters() if p.grad is not None]
-            if not math.isfinite(clip_gradients(gradients, args.max_grad_norm)):
+            if not math.isfinite(clip_gradients(update.gradients(), args.max_grad_norm)):
                 return {}, f"non-finite gradient in epoch {epoch + 1}"
-            if fast_update is not None:
-                fast_update.step()
-            else:
-                learner.optimizer.step()
+            update.step()
             ratios.append(stats.ratio.detach())
         if args.target_kl is not None and stats.approx_kl > args.target_kl:
             break
@@ -756,27 +687,9 @@ def ppo_update(learner: Learner, batch: dict, args: Args, ent_coef: float, itera
     }, None
 
 
-def discard_wrongly_acted(learner: Learner, rollouts: list[dict], iteration: int, counters: dict) -> bool:
-    """Read the samplers' audits of their numpy actors (fast_paths.audit_acting, on each rollout's own observations).
-    True when one acted otherwise than Agent: then none of these rollouts is trained on (sampling again keeps PPO's
-    ratio anchored to the policy that acted; rescoring the actions with Agent would not), their steps and episodes
-    still count, as DPPO's dropped rollouts do, and acting moves to torch for the rest of the run."""
-    audits = [float(r["acting_audit"]) for r in rollouts if np.isfinite(r["acting_audit"])]
-    if audits:
-        learner.fast.differences["acting"] = max(audits)
-    problems = [str(r["acting_problem"]) for r in rollouts if str(r["acting_problem"])]
-    if not problems:
-        return False
-    counters["discarded_rollouts"] += len(rollouts)
-    if learner.fast.acting:
-        reason = f"{problems[0]}; its rollout is discarded and sampled again"
-        print(f"{PROG}: {learner.fast.step_aside('acting', iteration, reason, learner.optimizer)}", file=sys.stderr)
-    return True
-
-
-def load_policy(path: str) -> Policy:
-    """A model or checkpoint of either script, acting with this file's Agent (run_utils.Policy: predict(obs))."""
-    return run_utils.load_policy(path, sys.modules[__name__])
+def load_policy(path: str) -> checkpoints.Policy:
+    """A model or checkpoint of either script, acting with this file's Agent (checkpoints.Policy: predict(obs))."""
+    return checkpoints.load_policy(path, sys.modules[__name__])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -788,10 +701,9 @@ def train(args: Args) -> int:
     run_dir = run_folder(args)
     seed = args.seed + (int(ckpt["global_step"]) if ckpt else 0)
     sampler = Sampler(args.env_id, args.num_envs, seed, args, os.path.join(run_dir, "videos"))  # a bad env fails here
-    obs_dim, act_dim, _ = sampler.spaces
-    learner = make_learner(args, obs_dim, act_dim, False, device)
+    learner = make_learner(args, Agent(*sampler.spaces), device)
     learner.agent.obs_layout = sampler.envs[0].obs_layout
-    learner.agent.action_bounds = [sampler.low, sampler.high]
+    learner.agent.action_bounds = [sampler.action_space.low, sampler.action_space.high]
     state = RunState()
     if ckpt is not None:
         state = restore_training(ckpt, learner, args.resume)
@@ -799,34 +711,42 @@ def train(args: Args) -> int:
     elif args.norm_obs and args.obs_warmup_steps:
         learner.obs_rms.update_from_moments(*sampler.warm_up(args.obs_warmup_steps))
     start_fast_paths(learner, args)
-    monitor = Monitor(args, run_dir, state, act_dim, learner.fast)
+    writer = tensorboard_writer(args, run_dir, resumed_at=state.global_step if args.resume else None)
+    monitor = Monitor(args, writer, state, sampler.spaces[1], learner.fast)
 
     def save_checkpoint() -> None:
-        checkpoint = training_checkpoint(learner, args, state, monitor)
+        checkpoint = training_checkpoint(learner, args, state, monitor.wall_time())
         checkpoint["sampler_rng"] = sampler.rng.bit_generator.state
         save_atomic(checkpoint, os.path.join(run_dir, "checkpoint.pt"))
 
     with TrainingLoop(run_dir) as loop:
         while state.iteration < args.num_iterations and loop.signum is None:
-            ent_coef = anneal(learner.optimizer, args, state.iteration + 1)
-            discarded = True
-            while discarded:  # a rollout that a wrong actor acted on is sampled again, acting with torch
-                sampler.set_policy(policy_weights(learner), state.iteration)
-                rollout = sampler.rollout(args.num_steps)
-                state.global_step += rollout["rewards"].size
-                monitor.episodes(rollout)
-                update_statistics(rollout, learner, args)
-                discarded = discard_wrongly_acted(learner, [rollout], state.iteration + 1, state.counters)
+            iteration = state.iteration + 1
+            ent_coef = anneal(learner.optimizer, args, iteration)
+            sampler.set_policy(policy_weights(learner))
+            rollout = sampler.rollout(args.num_steps)
+            state.global_step += int(rollout["env_steps"])
+            learner.fast.read_acting_audits([rollout], iteration, state.counters)
+            for episodic_return, episodic_length in zip(rollout["episode_returns"], rollout["episode_lengths"]):
+                writer.add_scalar("charts/episodic_return", episodic_return, state.global_step)
+                writer.add_scalar("charts/episodic_length", episodic_length, state.global_step)
+                monitor.recent_returns.append(float(episodic_return))
+            update_statistics(rollout, learner, args)
             batch = prepare_batch(learner, rollout, args)
-            stats, problem = ppo_update(learner, batch, args, ent_coef, state.iteration + 1)
-            state.iteration += 1
-            schedules = {"charts/learning_rate": learner.optimizer.param_groups[0]["lr"], "charts/ent_coef": ent_coef}
-            updated = monitor.update(stats, problem, batch, schedules)
-            if updated and args.checkpoint_every and state.iteration % args.checkpoint_every == 0:
-                save_checkpoint()
+            stats, problem = ppo_update(learner, batch, args, loss_settings(args, ent_coef), iteration)
+            state.iteration = iteration
+            if monitor.guard(batch, problem):  # counts what the guard dropped; stops after --guard-patience bad batches
+                stats["charts/learning_rate"] = learner.optimizer.param_groups[0]["lr"]
+                stats["charts/ent_coef"] = ent_coef
+                stats["charts/SPS"] = monitor.steps_per_second()
+                for tag, value in (stats | learner.fast.scalars()).items():
+                    writer.add_scalar(tag, value, state.global_step)
+                monitor.diagnose(stats)  # health warnings, progress bar
+                if args.checkpoint_every and state.iteration % args.checkpoint_every == 0:
+                    save_checkpoint()
     if loop.keeps_state:
         save_checkpoint()
-    eval_failed = end_run(monitor, loop.status, learner, state, sys.modules[__name__], {})
+    eval_failed = finish_run(monitor, loop.status, learner, state, sys.modules[__name__], {})
     sampler.close()
     return loop.exit_status() or eval_failed
 

@@ -310,7 +310,7 @@ def run_on_cluster(jobs: list[dict], cfg) -> None:
     if runs_root.startswith(REPO + os.sep):
         excludes.append(os.path.relpath(runs_root, REPO))
     sys.path.insert(0, REPO)
-    from run_utils import ray_address_answers
+    from dppo_ray import ray_address_answers
 
     if cfg.ray_address not in ("auto", "local") and not ray_address_answers(cfg.ray_address):
         raise BenchError(f"cannot reach Ray at --ray-address {cfg.ray_address}: nothing answers there")

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-MODULES = ["ppo_continuous.py", "dppo_ray.py", "gae.py", "fast_paths.py", "run_utils.py"]
+MODULES = ["ppo_continuous.py", "dppo_ray.py", "gae.py", "fast_paths.py", "checkpoints.py", "run_management.py"]
 
 # Edits as a researcher makes them: (file, text in the file, its replacement). Each text must occur exactly once.
 MLP_LAYERS = """        layer_init(nn.Linear(in_dim, 64)),
@@ -24,9 +24,7 @@ GET_VALUE = """    def get_value(self, x: torch.Tensor) -> torch.Tensor:
 """
 GET_DISTRIBUTION = """        \"\"\"The policy at observations x: one distribution over whole action vectors.\"\"\"
 """
-EVALUATE_RETURN = (
-    "        return dist.log_prob(action.long() if self.discrete else action), dist.entropy(), self.get_value(x)\n"
-)
+EVALUATE_RETURN = "        return dist.log_prob(action), dist.entropy(), self.get_value(x)\n"
 GAUSSIAN = "        return Independent(Normal(action_mean, action_std, validate_args=False), 1, validate_args=False)"
 TANH_SQUASHED = """        tanh = torch.distributions.TanhTransform()
         return Independent(TransformedDistribution(Normal(action_mean, action_std), tanh), 1)"""
@@ -54,8 +52,8 @@ EDITS = {
     "state_dependent_std": [
         (
             "ppo_continuous.py",
-            "            self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))",
-            "            self.actor_logstd = layer_init(nn.Linear(obs_dim, act_dim), std=0.01)",
+            "        self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))",
+            "        self.actor_logstd = layer_init(nn.Linear(obs_dim, act_dim), std=0.01)",
         ),
         (
             "ppo_continuous.py",

@@ -148,7 +148,7 @@ def run_difference(folder: str, expected: list[str]) -> str | None:
     """None when the run in `folder` was started by `expected` (its run.json's command, flag for flag) and trained,
     resumes included, by this checkout's code; else what differs first, in words."""
     sys.path.insert(0, REPO)
-    from run_utils import code_version
+    from run_management import code_version
 
     path = os.path.join(folder, "run.json")
     if not os.path.isfile(path):
@@ -471,14 +471,14 @@ def trainer_fields(impls: list[str]) -> dict[str, dict[str, type]]:
     import typing
 
     sys.path.insert(0, REPO)
-    import run_utils
+    import checkpoints
 
     fields = {}
     for impl in impls:
         module = importlib.import_module(COMMANDS[impl][0].removesuffix(".py"))
         hints = typing.get_type_hints(module.Args, include_extras=False)
         # the computed fields (batch size and the like) are no flags: the script sets them from the others
-        computed = run_utils.COMPUTED_FLAGS
+        computed = checkpoints.COMPUTED_FLAGS
         fields[impl] = {
             f.name.replace("_", "-"): hints[f.name] for f in dataclasses.fields(module.Args) if f.name not in computed
         }

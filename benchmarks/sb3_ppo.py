@@ -112,7 +112,7 @@ def main() -> None:
 
     if args.tb_log is not None:  # run.json, as the trainers write it: learning.py reuses a run only if it matches
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        from run_utils import record_run
+        from run_management import record_run
 
         os.makedirs(args.tb_log, exist_ok=True)
         command = [os.path.basename(__file__), *sys.argv[1:]]
