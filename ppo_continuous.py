@@ -28,22 +28,9 @@ from torch import nn, optim
 from torch.distributions import Distribution, Independent, Normal
 
 import checkpoints
+import gae
 from checkpoints import RunState, UsageError, restore_training, resume_checkpoint, save_atomic, training_checkpoint
 from fast_paths import FastPaths, NumpyActor, audit_acting, choose_fast_paths
-from gae import (
-    DiscountedReturn,
-    PPOLoss,
-    RunningMeanStd,
-    advantage_outliers,
-    compute_gae,
-    explained_variance,
-    finite_moments,
-    finite_samples,
-    mean_clipfrac,
-    normalize_obs,
-    ppo_loss,
-    scale_rewards,
-)
 from run_management import (
     PROG,
     Monitor,
@@ -342,7 +329,7 @@ class Sampler:
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.raw_obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(self.envs)])
-        self.returns = DiscountedReturn(num_envs, args.gamma)
+        self.returns = gae.DiscountedReturn(num_envs, args.gamma)
         self.episode_returns = np.zeros(num_envs)
         self.episode_lengths = np.zeros(num_envs, dtype=np.int64)
         self.agent: Agent | None = None  # the sampler's own copy, built when the first weights arrive
@@ -375,7 +362,7 @@ class Sampler:
             self.obs_std = np.sqrt(weights["obs_var"] + 1e-8)
 
     def normalize(self, raw: np.ndarray, out: np.ndarray | None = None, fill: float = np.nan) -> np.ndarray:
-        return normalize_obs(raw, self.obs_mean, self.obs_std, self.obs_clip, out, fill)
+        return gae.normalize_obs(raw, self.obs_mean, self.obs_std, self.obs_clip, out, fill)
 
     def warm_up(self, steps: int) -> tuple[np.ndarray, np.ndarray, int]:
         """Moments of the observations met in `steps` random-action steps per env; then every env starts afresh."""
@@ -385,7 +372,7 @@ class Sampler:
         for _ in range(steps):
             seen.append(step_envs(self.envs, [space.sample() for _ in self.envs])[0])
         self.raw_obs = np.stack([env.reset(seed=self.seed + i)[0] for i, env in enumerate(self.envs)])
-        return finite_moments(np.concatenate(seen))
+        return gae.finite_moments(np.concatenate(seen))
 
     def rollout(self, num_steps: int) -> dict[str, np.ndarray]:
         """One rollout. A numpy actor is audited on the observations it acted on (fast_paths.audit_acting): where it
@@ -438,7 +425,7 @@ class Sampler:
         ended = terminations | truncations
         episode_returns, episode_lengths = self.finished_episodes(rewards, ended)
         self.raw_obs = raw_obs[num_steps].copy()
-        obs_mean, obs_var, obs_count = finite_moments(raw_obs[:num_steps].reshape(-1, obs_dim))
+        obs_mean, obs_var, obs_count = gae.finite_moments(raw_obs[:num_steps].reshape(-1, obs_dim))
         return {
             "obs": obs,
             "actions": actions,
@@ -490,15 +477,15 @@ class Learner:
 
     agent: Agent
     optimizer: optim.Optimizer
-    obs_rms: RunningMeanStd
-    return_rms: RunningMeanStd
+    obs_rms: gae.RunningMeanStd
+    return_rms: gae.RunningMeanStd
     fast: FastPaths = field(default_factory=FastPaths)
 
 
 def make_learner(args: Args, agent: Agent, device: torch.device) -> Learner:
     agent = agent.to(device)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    return Learner(agent, optimizer, RunningMeanStd(shape=(agent.obs_dim,)), RunningMeanStd(shape=()))
+    return Learner(agent, optimizer, gae.RunningMeanStd(shape=(agent.obs_dim,)), gae.RunningMeanStd(shape=()))
 
 
 def loss_settings(args: Args, ent_coef: float) -> dict:
@@ -513,7 +500,7 @@ def loss_settings(args: Args, ent_coef: float) -> dict:
 
 
 def start_fast_paths(learner: Learner, args: Args, settings=loss_settings) -> None:
-    """Check the fast paths against Agent, ppo_loss and the optimizer, with the loss settings of every entropy
+    """Check the fast paths against Agent, gae.ppo_loss and the optimizer, with the loss settings of every entropy
     coefficient the run will use (fast_paths.py); the run uses those that match."""
     ent_coefs = {args.ent_coef} if args.ent_coef_final is None else {args.ent_coef, args.ent_coef_final}
     loss_kwargs = [settings(args, ent_coef) for ent_coef in sorted(ent_coefs)]
@@ -560,8 +547,8 @@ def prepare_batch(learner: Learner, rollout: dict, args: Args) -> dict:
 
     rewards = rollout["rewards"]
     if args.norm_reward:
-        rewards = scale_rewards(rewards, learner.return_rms, args.reward_clip)
-    valid = finite_samples(rollout["obs"], rollout["actions"], rollout["rewards"])
+        rewards = gae.scale_rewards(rewards, learner.return_rms, args.reward_clip)
+    valid = gae.finite_samples(rollout["obs"], rollout["actions"], rollout["rewards"])
     num_steps, num_envs = rewards.shape
     b_obs = tensor(rollout["obs"].reshape(num_steps * num_envs, -1))
     b_actions = tensor(rollout["actions"].reshape(num_steps * num_envs, *rollout["actions"].shape[2:]))
@@ -574,7 +561,7 @@ def prepare_batch(learner: Learner, rollout: dict, args: Args) -> dict:
         steps, envs = rollout["final_index"].T
         if len(steps):
             next_values[steps, envs] = agent.get_value(tensor(rollout["final_obs"]))
-        advantages, returns = compute_gae(
+        advantages, returns = gae.compute_gae(
             tensor(rewards.astype(np.float32)),
             values,
             next_values,
@@ -584,7 +571,7 @@ def prepare_batch(learner: Learner, rollout: dict, args: Args) -> dict:
             args.gae_lambda,
             valid=tensor(valid),
         )
-    outliers = advantage_outliers(advantages.cpu().numpy(), returns.cpu().numpy(), valid, args.guard_max_abs)
+    outliers = gae.advantage_outliers(advantages.cpu().numpy(), returns.cpu().numpy(), valid, args.guard_max_abs)
     keep = tensor((valid & ~outliers).reshape(-1)).nonzero().squeeze(1)
     batch = {
         "obs": b_obs,
@@ -613,9 +600,9 @@ class PlainUpdate:
         self.agent = agent
         self.optimizer = optimizer
 
-    def loss_and_gradients(self, minibatch: dict, **loss_kwargs) -> PPOLoss:
+    def loss_and_gradients(self, minibatch: dict, **loss_kwargs) -> gae.PPOLoss:
         new_logprob, entropy, new_value = self.agent.evaluate(minibatch["obs"], minibatch["actions"])
-        stats = ppo_loss(
+        stats = gae.ppo_loss(
             new_logprob,
             minibatch["logprobs"],
             minibatch["advantages"],
@@ -682,8 +669,8 @@ def ppo_update(learner: Learner, batch: dict, args: Args, loss_kwargs: dict, ite
         "losses/entropy": stats.entropy.item(),
         "losses/old_approx_kl": stats.old_approx_kl.item(),
         "losses/approx_kl": stats.approx_kl.item(),
-        "losses/clipfrac": mean_clipfrac(ratios, args.clip_coef),
-        "losses/explained_variance": explained_variance(values, returns),
+        "losses/clipfrac": gae.mean_clipfrac(ratios, args.clip_coef),
+        "losses/explained_variance": gae.explained_variance(values, returns),
     }, None
 
 
