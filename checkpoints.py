@@ -29,6 +29,11 @@ class UsageError(Exception):
     """Bad input: reported as one line on stderr with exit status 2."""
 
 
+def first_line(e: BaseException) -> str:
+    """An exception's message in one line (its type's name when it has none), for a one-line error."""
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
 class DistributionGap(Exception):
     """The policy's distribution lacks something the run needs (an entropy, a mode): one line saying what to do, exit
     status 1."""
@@ -62,8 +67,7 @@ def load_checkpoint(path: str) -> dict:
             warnings.simplefilter("ignore")
             ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # corrupt, truncated, or a pickle that tries to run code
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UsageError(f"cannot load checkpoint {path}: not a valid checkpoint ({reason[:160]})") from None
+        raise UsageError(f"cannot load checkpoint {path}: not a valid checkpoint ({first_line(e)[:160]})") from None
     if not isinstance(ckpt, dict) or not {"agent", "obs_rms", "args"} <= set(ckpt):
         raise UsageError(f"cannot load checkpoint {path}: it holds no policy of ppo_continuous.py or dppo_ray.py")
     return ckpt
@@ -114,7 +118,7 @@ def restore_training(ckpt: dict, learner, path: str) -> RunState:
             counters=dict(ckpt["counters"]),
         )
     except (RuntimeError, ValueError, KeyError, TypeError) as e:
-        raise UsageError(f"checkpoint {path} does not fit this env/network: {str(e).splitlines()[0][:160]}") from None
+        raise UsageError(f"checkpoint {path} does not fit this env/network: {first_line(e)[:160]}") from None
 
 
 def agent_from_checkpoint(ckpt: dict, path: str, script) -> tuple:
@@ -139,9 +143,7 @@ def agent_from_checkpoint(ckpt: dict, path: str, script) -> tuple:
             agent.action_bounds = [b.numpy() for b in ckpt["action_bounds"]]
         obs_rms.load_state_dict(ckpt["obs_rms"])
     except (RuntimeError, ValueError, KeyError, IndexError, AttributeError, TypeError) as e:
-        raise UsageError(
-            f"checkpoint {path} does not hold a policy this network fits: {str(e).splitlines()[0][:160]}"
-        ) from None
+        raise UsageError(f"checkpoint {path} does not hold a policy this network fits: {first_line(e)[:160]}") from None
     return agent, obs_rms
 
 

@@ -21,10 +21,10 @@ random layers, hooks, buffers), then match the plain path on random inputs: acti
 and entropies for acting; values, the loss and the whole gradient on a synthetic minibatch that takes every branch of
 the loss for the update. Then the audit runs on the run's own data for as long as a fast path is on: every rollout's
 acting against the Agent on that rollout's observations (`audit_acting`), and a minibatch of every update's batch
-against autograd through the live Agent and gae.ppo_loss before its first step (`FastPaths.audited_update`). One that does not fit
-or does not match steps aside with one line naming the part and the reason, and the run uses the plain path for that
-part from then on. So an edit to Agent, ppo_loss or make_learner runs as written: on a fast path that equals it, or on
-the plain path.
+against autograd through the live Agent and gae.ppo_loss before its first step (`FastPaths.audited_update`). One that
+does not fit or does not match steps aside with one line naming the part and the reason, and the run uses the plain
+path for that part from then on. So an edit to Agent, ppo_loss or make_learner runs as written: on a fast path that
+equals it, or on the plain path.
 
 The loop around these functions (shuffling, minibatches, gradient clipping, early stopping) is the same code on both
 paths: the parameters and gradients that StackedUpdate keeps in its flat buffers are the Agent's own, as views.

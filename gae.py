@@ -283,7 +283,7 @@ def scale_rewards(rewards: np.ndarray, return_rms: RunningMeanStd, clip: float, 
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The numerical guard (the PPO notes, section 5.3): drop bad samples, skip a batch only when little of it is usable
+# The numerical guard: drop bad samples, skip a batch only when little of it is usable
 # ---------------------------------------------------------------------------------------------------------------------
 def finite_samples(observations: np.ndarray, actions: np.ndarray, rewards: np.ndarray) -> np.ndarray:
     """Bool mask (T, N): the transitions whose observation, action and reward are all finite.

@@ -189,7 +189,7 @@ def make_env(env_id: str, capture_video: bool = False, video_dir: str = "") -> g
             importlib.import_module("shimmy")
         env = gym.make(env_id, render_mode="rgb_array") if capture_video else gym.make(env_id)
     except (gym.error.Error, ModuleNotFoundError, ImportError) as e:
-        raise UsageError(f"cannot make env '{env_id}': {str(e).splitlines()[0]}") from None
+        raise UsageError(f"cannot make env '{env_id}': {checkpoints.first_line(e)}") from None
     layout = checkpoints.observation_layout(env_id, env.observation_space)
     if layout is not None:
         env = gym.wrappers.FlattenObservation(env)

@@ -34,6 +34,7 @@ from checkpoints import (
     RunState,
     UsageError,
     evaluate,
+    first_line,
     load_checkpoint,
     policy_state,
     resumed_args,
@@ -492,11 +493,6 @@ def closing_line(monitor: Monitor, status: str, state: RunState) -> str:
     elif status == "completed" and monitor.args.save_model:
         line += f"; evaluate with: python {PROG} --eval-checkpoint {model_path(monitor.args, run_dir)}"
     return line
-
-
-def first_line(e: BaseException) -> str:
-    """An exception's message in one line (its type's name when it has none)."""
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 def cli(args_type: type, validate, train, script, machine_flags: set[str] = MACHINE_FLAGS) -> int:

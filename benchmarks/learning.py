@@ -11,8 +11,8 @@ Layout: every run logs TensorBoard events under <runs-root>/<group>/<impl>/<env-
 dppo_ray.py via --run-name, SB3 via its tensorboard_log). Events are read with tensorboard's EventAccumulator.
 The curve of a run is the mean return of its last 100 episodes, the quantity SB3 logs as rollout/ep_rew_mean, so the
 implementations compare like for like. The table gives the final value (per seed, and mean ± sample std over seeds)
-and the time, in env steps and in seconds, at which each run first reached the target return (the DPPO notes ask for
-both: return at a fixed budget, and time to a fixed return). A second table compares each implementation's final
+and the time, in env steps and in seconds, at which each run first reached the target return (both views: return at a
+fixed budget, and time to a fixed return). A second table compares each implementation's final
 return with the first one in --impls: a Welch t-interval, and an exact permutation test over seeds whose p is printed
 beside the least p its seed counts allow (0.10 with 3 + 3 seeds, 0.029 with 4 + 4).
 For tasks that CleanRL publishes figures for (MuJoCo at 1M steps, dm_control at 8M), one more table per env family
