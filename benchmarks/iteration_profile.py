@@ -49,27 +49,30 @@ def profile_update(args: ppo.Args, obs_dim: int, act_dim: int, repeats: int) -> 
     batch["actions"] = torch.randn(n, act_dim, generator=g)
     batch["size"] = n
     batch["non_finite"] = batch["outliers"] = 0
-    fast = ppo.make_learner(args, obs_dim, act_dim, False, torch.device("cpu"))
-    plain = ppo.make_learner(args, obs_dim, act_dim, False, torch.device("cpu"))
+    cpu = torch.device("cpu")
+    fast = ppo.make_learner(args, ppo.Agent(obs_dim, act_dim), cpu)
+    plain = ppo.make_learner(args, ppo.Agent(obs_dim, act_dim), cpu)
     ppo.start_fast_paths(fast, args)
     ppo.start_fast_paths(plain, dataclasses.replace(args, fast_path=False))
+    loss_kwargs = ppo.loss_settings(args, args.ent_coef)
     minibatches = args.update_epochs * args.num_minibatches
-    stacked = best_seconds(lambda: ppo.ppo_update(fast, batch, args, args.ent_coef, 1), repeats)
-    textbook = best_seconds(lambda: ppo.ppo_update(plain, batch, args, args.ent_coef, 1), repeats)
-    derived = ppo.make_learner(args, obs_dim, act_dim, False, torch.device("cpu"))
+    stacked = best_seconds(lambda: ppo.ppo_update(fast, batch, args, loss_kwargs, 1), repeats)
+    textbook = best_seconds(lambda: ppo.ppo_update(plain, batch, args, loss_kwargs, 1), repeats)
+    derived = ppo.make_learner(args, ppo.Agent(obs_dim, act_dim), cpu)
     ppo.start_fast_paths(derived, args)
     derived.fast.update.derive_loss_gradient = True
-    autograd_loss = best_seconds(lambda: ppo.ppo_update(derived, batch, args, args.ent_coef, 1), repeats)
-    # the size of ppo_update's audited minibatch: a minibatch and the extreme observations of each feature
-    rows = n // args.num_minibatches + 2 * obs_dim
+    autograd_loss = best_seconds(lambda: ppo.ppo_update(derived, batch, args, loss_kwargs, 1), repeats)
+    # the size of ppo_update's audited minibatch (FastPaths.audited_update): a minibatch and the extreme observations
+    # of each feature
+    rows = args.minibatch_size + 2 * obs_dim
     minibatch = {key: batch[key][:rows] for key in ("obs", "actions", "logprobs", "advantages", "values", "returns")}
-    loss_kwargs = ppo.loss_settings(args, args.ent_coef)
     update = fast.fast.update
+    plain_update = ppo.PlainUpdate(fast.agent, fast.optimizer)
     times = 200
 
     def audited() -> None:
         for _ in range(times):
-            update.audit(minibatch, loss_kwargs, ppo.loss_and_gradients, fast.optimizer)
+            update.audit(minibatch, loss_kwargs, plain_update)
 
     audit_extra = best_seconds(audited, repeats) / times  # on top of the update's own minibatches
     return dict(
@@ -83,11 +86,10 @@ def profile_update(args: ppo.Args, obs_dim: int, act_dim: int, repeats: int) -> 
 
 def profile_rollout(args: ppo.Args, steps: int, repeats: int) -> dict:
     sampler = ppo.Sampler(args.env_id, args.num_envs, args.seed, args)
-    obs_dim, act_dim, _ = sampler.spaces
-    learner = ppo.make_learner(args, obs_dim, act_dim, False, torch.device("cpu"))
+    learner = ppo.make_learner(args, ppo.Agent(*sampler.spaces), torch.device("cpu"))
     learner.obs_rms.update_from_moments(*sampler.warm_up(256))
     ppo.start_fast_paths(learner, args)
-    sampler.set_policy(ppo.policy_weights(learner), 0)
+    sampler.set_policy(ppo.policy_weights(learner))
     rollout = best_seconds(lambda: sampler.rollout(steps), repeats)
     sample = sampler.rollout(steps)
     audit = best_seconds(
@@ -95,7 +97,7 @@ def profile_rollout(args: ppo.Args, steps: int, repeats: int) -> dict:
         repeats,
     )
     rng = np.random.default_rng(0)
-    space = sampler.envs[0].action_space
+    space = sampler.action_space
     actions = rng.uniform(space.low, space.high, size=(steps, args.num_envs, *space.shape))
 
     def bare_steps() -> None:
@@ -125,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ppo.Args(env_id=cfg.env_id, update_epochs=1 if cfg.quick else 10)
     steps, repeats = (256, 1) if cfg.quick else (args.num_steps, cfg.repeats)
     try:
+        ppo.validate_args(args)  # the batch and minibatch sizes, as a run computes them
         rollout = profile_rollout(args, steps, repeats)
     except ppo.UsageError as e:
         print(f"iteration_profile.py: error: {e}", file=sys.stderr)

@@ -80,13 +80,19 @@ def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
 
 
 def perturbed_agent(obs_dim: int = 5, act_dim: int = 2, discrete: bool = False, seed: int = 0) -> ppo_continuous.Agent:
-    """An Agent whose initial weights are each moved by seeded Gaussian noise of scale 0.3."""
+    """An Agent whose initial weights are each moved by seeded Gaussian noise of scale 0.3: ppo_continuous.py's, or
+    with `discrete` dppo_ray.py's (the only one that builds a categorical policy)."""
     import torch
 
     import ppo_continuous
 
     torch.manual_seed(seed)
-    agent = ppo_continuous.Agent(obs_dim, act_dim, discrete)
+    if discrete:
+        import dppo_ray
+
+        agent = dppo_ray.Agent(obs_dim, act_dim, discrete=True)
+    else:
+        agent = ppo_continuous.Agent(obs_dim, act_dim)
     with torch.no_grad():
         for p in agent.parameters():
             p.add_(0.3 * torch.randn_like(p))

@@ -26,7 +26,7 @@ from gae import (
     ppo_loss,
     scale_rewards,
 )
-from run_utils import health_warnings  # the advice Monitor prints; tested here with the math it reads
+from run_management import health_warnings  # the advice Monitor prints; tested here with the math it reads
 
 GAMMA, LAM = 0.9, 0.8  # gamma * lambda = 0.72
 
