@@ -1,15 +1,13 @@
-"""End-to-end tests of ppo_continuous.py, run exactly as a user runs it: a subprocess in a fresh working directory."""
+"""Tests of ppo_continuous.py's algorithm: the Agent, acting, the rollout, the wiring of GAE, the update (plain and
+stacked), and end to end, run exactly as a user runs it (a subprocess in a fresh working directory), the training
+loop's TensorBoard tags and learning. (Checkpoints: test_checkpoints.py; run management: test_run_management.py.)"""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import pickle
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,18 +15,16 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.conftest import REPO, perturbed_agent, run_python, tensorboard_events
+from tests.conftest import REPO, SMALL, VALUE_FIT, perturbed_agent, run_python, tensorboard_events
 
 SCRIPT = REPO / "ppo_continuous.py"
 sys.path.insert(0, str(REPO))
 
+import checkpoints  # noqa: E402
+import dppo_ray  # noqa: E402
 import fast_paths  # noqa: E402
 import gae  # noqa: E402
 import ppo_continuous  # noqa: E402
-import run_utils  # noqa: E402
-
-# Small, fast settings: 2 iterations of 4 envs x 64 steps.
-SMALL = ["--num-envs", "4", "--num-steps", "64", "--num-minibatches", "4", "--update-epochs", "2", "--quiet"]
 
 
 def run(args: list[str], cwd: Path, timeout: float = 240, **kwargs) -> subprocess.CompletedProcess:
@@ -90,61 +86,6 @@ def test_tensorboard_tags_and_summary(pendulum_run):
     assert (run_dir / "checkpoint.pt").is_file()
 
 
-def test_mujoco_run_leaves_nothing_in_cwd(tmp_path):
-    result = run(["--env-id", "Hopper-v5", "--total-timesteps", "512", "--run-name", "h", *SMALL], tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert sorted(os.listdir(tmp_path)) == ["runs"], "MUJOCO_LOG.TXT or other files leaked into the cwd"
-    assert "charts/episodic_return" in scalars(tmp_path / "runs" / "h").Tags()["scalars"]
-
-
-def test_checkpoint_and_resume_continue_steps_and_curves(tmp_path):
-    first = run(["--env-id", "Pendulum-v1", "--total-timesteps", "512", "--run-name", "r", *SMALL], tmp_path)
-    assert first.returncode == 0, first.stderr
-    ckpt_path = tmp_path / "runs" / "r" / "checkpoint.pt"
-    ckpt = torch.load(ckpt_path, weights_only=True)
-    assert ckpt["global_step"] == 512 and ckpt["iteration"] == 2
-    resumed = run(
-        ["--env-id", "Pendulum-v1", "--total-timesteps", "1024", "--resume", str(ckpt_path), *SMALL], tmp_path
-    )
-    assert resumed.returncode == 0, resumed.stderr
-    summary = json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())
-    assert summary["env_steps"] == 1024
-    steps = sorted({e.step for e in scalars(tmp_path / "runs" / "r").Scalars("losses/approx_kl")})
-    assert steps == [256, 512, 768, 1024], "the resumed run should continue the same curves"
-    after = torch.load(ckpt_path, weights_only=True)
-    assert after["global_step"] == 1024 and after["iteration"] == 4
-    assert not torch.equal(after["agent"]["actor_logstd"], ckpt["agent"]["actor_logstd"])
-
-
-def test_eval_checkpoint_uses_saved_normalization(tmp_path):
-    result = run(
-        ["--env-id", "Pendulum-v1", "--total-timesteps", "1024", "--run-name", "e", "--save-model", *SMALL], tmp_path
-    )
-    assert result.returncode == 0, result.stderr
-    model = tmp_path / "runs" / "e" / "ppo_continuous.model"
-    assert model.is_file()
-    out = run(["--eval-checkpoint", str(model), "--eval-episodes", "3", "--seed", "7"], tmp_path)
-    assert out.returncode == 0, out.stderr
-    line = out.stdout.strip().splitlines()[-1]
-    assert "Pendulum-v1: mean return" in line and "over 3 episodes" in line
-    printed_mean = float(line.split("mean return ")[1].split(" ")[0])
-
-    # The same evaluation in Python, with load_policy and with fresh statistics: the CLI must match the former.
-    policy = ppo_continuous.load_policy(str(model))
-    assert policy.obs_mean is not None and np.any(policy.obs_mean != 0), "the model must carry the statistics"
-    with_saved = run_utils.evaluate(policy, 3, 7).mean()
-    fresh = ppo_continuous.load_policy(str(model))
-    fresh.obs_mean, fresh.obs_std = np.zeros(3), np.ones(3)
-    with_fresh = run_utils.evaluate(fresh, 3, 7).mean()
-    assert printed_mean == pytest.approx(with_saved, abs=0.01)
-    assert with_saved != pytest.approx(with_fresh, abs=0.01)
-    # predict: one observation or a batch, the mean action, clipped to the action space
-    obs = np.array([[1.0, 0.0, 0.5], [0.0, 1.0, -8.0]])
-    batch = policy.predict(obs)
-    assert batch.shape == (2, 1) and np.all(np.abs(batch) <= 2.0)
-    np.testing.assert_allclose(policy.predict(obs[1]), batch[1], rtol=1e-5)  # one row or two: BLAS may sum apart
-
-
 def test_same_seed_same_run(tmp_path):
     args = ["--env-id", "Pendulum-v1", "--total-timesteps", "1024", *SMALL]
     (tmp_path / "a").mkdir()
@@ -167,10 +108,6 @@ def test_same_seed_same_run(tmp_path):
 # ---------------------------------------------------------------------------------------------------------------------
 # Gymnasium autoreset and the truncation bootstrap, on deterministic test envs (tests/envs.py)
 # ---------------------------------------------------------------------------------------------------------------------
-VALUE_FIT = ["--no-norm-obs", "--no-norm-reward", "--no-clip-vloss", "--gamma", "0.5", "--learning-rate", "3e-3"]
-VALUE_FIT += ["--num-envs", "2", "--num-steps", "128", "--num-minibatches", "4", "--quiet"]
-
-
 def critic_values(run_dir: Path) -> np.ndarray:
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     agent = ppo_continuous.Agent(1, 1)
@@ -205,195 +142,6 @@ def test_truncation_bootstraps_and_termination_does_not(tmp_path):
     np.testing.assert_allclose(terminating, [2 - 0.5**4, 2 - 0.5**3, 2 - 0.5**2, 1.5, 1.0], atol=0.15)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Numerical guard, health warnings, Ctrl-C
-# ---------------------------------------------------------------------------------------------------------------------
-def test_numerical_guard_skips_bad_batches_then_stops(tmp_path):
-    # NaN rewards start after 600 steps of each sub-env: iterations 1-4 (128 steps per env) are clean, iteration 5 has
-    # 88 good steps of 128 per env and trains without the other 80 samples, and from iteration 6 nothing is usable.
-    args = ["--env-id", "tests.envs:NanReward-v0", "--run-name", "g", "--checkpoint-every", "1", *VALUE_FIT]
-    result = run([*args, "--total-timesteps", "25600"], tmp_path)
-    assert result.returncode == 1
-    assert result.stderr.count("warning: skipped a bad batch") == 3
-    last = result.stderr.strip().splitlines()[-1]
-    assert "error: stopping: 3 bad batches in a row (last: only 0 of 256 samples are usable" in last, last
-    assert "Traceback" not in result.stderr
-    ckpt = torch.load(tmp_path / "runs" / "g" / "checkpoint.pt", weights_only=True)
-    assert ckpt["iteration"] == 5, "the last good checkpoint is kept"
-    assert all(torch.isfinite(v).all() for v in ckpt["agent"].values())
-    summary = json.loads((tmp_path / "runs" / "g" / "summary.json").read_text())
-    assert summary["status"] == "stopped_by_guard" and summary["bad_batches"] == 3
-    acc = scalars(tmp_path / "runs" / "g")
-    assert [e.value for e in acc.Scalars("guard/bad_batches")] == [1, 2, 3]
-    assert [e.value for e in acc.Scalars("guard/dropped_samples")][0] == 80
-
-
-@pytest.mark.parametrize("env_id", ["tests.envs:NanSometimes-v0", "tests.envs:NanObsSometimes-v0"])
-def test_flaky_env_trains_to_completion_dropping_bad_samples(tmp_path, env_id):
-    """One NaN reward or observation every 97 steps spoils no batch: those samples are dropped, counted and
-    reported, and the run completes with finite losses and statistics. (A NaN observation that ends a 5-step episode
-    is a final observation, not a sample: it only stops the bootstrap.)"""
-    args = ["--env-id", env_id, "--run-name", "f", "--total-timesteps", "4096", *SMALL]
-    result = run(args, tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert "warning: dropped" in result.stderr and "skipped a bad batch" not in result.stderr
-    summary = json.loads((tmp_path / "runs" / "f" / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["env_steps"] == 4096
-    assert summary["dropped_samples"] >= 4096 // 97 * 3 // 4 and summary["bad_batches"] == 0
-    acc = scalars(tmp_path / "runs" / "f")
-    assert all(np.isfinite(e.value) for e in acc.Scalars("losses/value_loss"))
-    ckpt = torch.load(tmp_path / "runs" / "f" / "checkpoint.pt", weights_only=True)
-    assert all(torch.isfinite(v).all() for v in ckpt["obs_rms"].values())
-    assert all(torch.isfinite(v).all() for v in ckpt["return_rms"].values())
-
-
-def test_always_nan_env_stops_with_one_line(tmp_path):
-    args = ["--env-id", "tests.envs:AlwaysNan-v0", "--run-name", "n", "--total-timesteps", "4096", *SMALL]
-    result = run(args, tmp_path)
-    assert result.returncode == 1
-    errors = [line for line in result.stderr.splitlines() if "error:" in line]
-    assert len(errors) == 1 and "stopping: 3 bad batches in a row" in errors[0], result.stderr
-    assert "Traceback" not in result.stderr
-
-
-def test_health_warning_is_printed_and_logged(tmp_path):
-    result = run(
-        [
-            "--env-id",
-            "Pendulum-v1",
-            "--total-timesteps",
-            "3072",
-            "--run-name",
-            "k",
-            *SMALL,
-            "--learning-rate",
-            "0.1",
-            "--update-epochs",
-            "4",
-        ],
-        tmp_path,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "warning: approx_kl has stayed above 0.02" in result.stderr
-    assert "health/high_kl" in scalars(tmp_path / "runs" / "k").Tags()["scalars"]
-
-
-def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    args = ["--env-id", "Pendulum-v1", "--total-timesteps", "1000000", "--run-name", "i", "--checkpoint-every", "0"]
-    proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), *args, *SMALL],
-        cwd=tmp_path,
-        env=env,
-        stderr=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    run_dir = tmp_path / "runs" / "i"
-    deadline = time.time() + 120
-    while time.time() < deadline and not list(run_dir.glob("events.*")):
-        time.sleep(0.5)
-    time.sleep(4)  # let a few iterations run
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, stderr
-    assert "Traceback" not in stderr and "Ctrl-C: saving a checkpoint" in stderr
-    assert "interrupted at step" in stdout and "continue with: python ppo_continuous.py --resume" in stdout
-    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
-    assert ckpt["global_step"] > 0 and ckpt["global_step"] % 256 == 0
-    assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
-    total = ckpt["global_step"] + 512
-    resumed = run(
-        [
-            "--env-id",
-            "Pendulum-v1",
-            "--total-timesteps",
-            str(total),
-            "--resume",
-            str(run_dir / "checkpoint.pt"),
-            *SMALL,
-        ],
-        tmp_path,
-    )
-    assert resumed.returncode == 0, resumed.stderr
-    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["global_step"] == total
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Bad input: one line on stderr, non-zero exit, no traceback
-# ---------------------------------------------------------------------------------------------------------------------
-class RunsCode:
-    """A pickle payload that would create a file if it were ever unpickled with full pickle."""
-
-    def __init__(self, marker: Path):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
-def bad_checkpoints(tmp_path: Path) -> dict[str, Path]:
-    corrupt = tmp_path / "corrupt.pt"
-    corrupt.write_bytes(b"this is not a checkpoint")
-    truncated = tmp_path / "truncated.pt"
-    torch.save({"agent": {"w": torch.zeros(1000)}}, truncated)
-    truncated.write_bytes(truncated.read_bytes()[:200])
-    malicious = tmp_path / "malicious.pt"
-    with open(malicious, "wb") as f:
-        pickle.dump({"agent": RunsCode(tmp_path / "pwned")}, f)
-    wrong = tmp_path / "wrong.pt"
-    torch.save({"something": torch.zeros(3)}, wrong)
-    return {"corrupt": corrupt, "truncated": truncated, "malicious": malicious, "wrong": wrong}
-
-
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--env-id", "NoSuchEnv-v0"], "cannot make env 'NoSuchEnv-v0'"),
-        (["--env-id", "no_such_module:Env-v0"], "cannot make env 'no_such_module:Env-v0'"),
-        (["--env-id", "CartPole-v1"], "needs a continuous (Box) one"),
-        (["--num-minibatches", "3"], "--num-minibatches 3 does not divide the batch"),
-        (["--num-envs", "0"], "--num-envs must be positive"),
-        (["--num-steps", "-5"], "--num-steps must be positive"),
-        (["--total-timesteps", "100"], "is less than one batch"),
-        (["--learning-rate", "0"], "--learning-rate must be positive"),
-        (["--resume", "missing.pt"], "checkpoint not found: missing.pt"),
-        (["--eval-checkpoint", "missing.pt"], "checkpoint not found: missing.pt"),
-        (["--resume", "a.pt", "--eval-checkpoint", "b.pt"], "do not fit together"),
-        (["--track"], "--track needs Weights and Biases: pip install wandb"),
-    ],
-)
-def test_bad_input_one_line_error(tmp_path, args, message):
-    if "--track" in args and importlib.util.find_spec("wandb") is not None:
-        pytest.skip("wandb is installed here")
-    result = run(["--env-id", "Pendulum-v1", *args, "--quiet"], tmp_path, timeout=120)
-    assert result.returncode == 2
-    lines = [line for line in result.stderr.strip().splitlines() if line.strip() and "WARNING" not in line]
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("ppo_continuous.py: error:") and message in lines[0], lines[0]
-    assert not (tmp_path / "runs").exists(), "a refused run must not leave a run folder behind"
-
-
-@pytest.mark.parametrize("kind", ["corrupt", "truncated", "malicious", "wrong"])
-@pytest.mark.parametrize("flag", ["--eval-checkpoint", "--resume"])
-def test_bad_checkpoint_is_refused_without_running_code(tmp_path, kind, flag):
-    path = bad_checkpoints(tmp_path)[kind]
-    result = run([flag, str(path), "--env-id", "Pendulum-v1", "--quiet"], tmp_path, timeout=120)
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and f"cannot load checkpoint {path}" in lines[0], result.stderr
-    assert not (tmp_path / "pwned").exists(), "loading a checkpoint must never execute code"
-
-
-def test_resume_from_checkpoint_of_another_env_is_refused(tmp_path):
-    first = run(["--env-id", "Pendulum-v1", "--total-timesteps", "256", "--run-name", "x", *SMALL], tmp_path)
-    assert first.returncode == 0
-    ckpt = str(tmp_path / "runs" / "x" / "checkpoint.pt")
-    result = run(["--env-id", "Hopper-v5", "--resume", ckpt, *SMALL], tmp_path)
-    assert result.returncode == 2 and "was trained on Pendulum-v1, not --env-id Hopper-v5" in result.stderr
-
-
 def learner_for(agent: ppo_continuous.Agent, obs_rms, fast_acting: bool) -> ppo_continuous.Learner:
     """A Learner around a given agent and statistics, acting on the fast path or not (what policy_weights reads)."""
     learner = ppo_continuous.Learner(agent, torch.optim.Adam(agent.parameters()), obs_rms, None)
@@ -401,22 +149,26 @@ def learner_for(agent: ppo_continuous.Agent, obs_rms, fast_acting: bool) -> ppo_
     return learner
 
 
-@pytest.mark.parametrize("fast", [True, False])
-@pytest.mark.parametrize("discrete", [False, True])
+@pytest.mark.parametrize("discrete, fast", [(False, True), (False, False), (True, False)])
 def test_actors_draw_from_the_agents_distribution_with_its_log_probability(discrete, fast):
     """The sampler's log-probability is the denominator of PPO's ratio: it must equal the learner's, on the fast path
-    (NumpyActor) and the plain one (TorchActor); the best action is the distribution's mode."""
+    (NumpyActor) and the plain one (TorchActor, or for DPPO's Discrete actions dppo_ray.CategoricalActor, which has no
+    fast path); the best action (checkpoints.distribution_mode, what a saved Policy takes) is the distribution's
+    mode."""
     agent = perturbed_agent(11, 3, discrete)
     rng = np.random.default_rng(0)
     obs = rng.standard_normal((64, 11)).astype(np.float32)
     noise = rng.random((64, 1)) if discrete else rng.standard_normal((64, 3))
-    actor = ppo_continuous.make_actor(agent, fast)
-    assert isinstance(actor, fast_paths.NumpyActor if fast else ppo_continuous.TorchActor)
+    if discrete:
+        actor = dppo_ray.CategoricalActor(agent)
+    else:
+        actor = fast_paths.NumpyActor(agent) if fast else ppo_continuous.TorchActor(agent)
     actions = actor.act(obs, noise)
     logprobs = actor.log_prob(obs, actions, noise)
     torch_logprobs, _, _ = agent.evaluate(torch.from_numpy(obs), torch.as_tensor(actions, dtype=torch.float32))
     np.testing.assert_allclose(logprobs, torch_logprobs.detach().numpy(), rtol=1e-4, atol=1e-4)
-    best = actor.best_action(obs)
+    with torch.no_grad():
+        best = checkpoints.distribution_mode(agent.get_distribution(torch.from_numpy(obs))).numpy()
     out = agent.actor_mean(torch.from_numpy(obs)).detach().numpy()
     np.testing.assert_allclose(best, out.argmax(1) if discrete else out, atol=1e-5)
     if discrete:  # sampled actions follow the categorical's probabilities
@@ -457,20 +209,36 @@ def test_learns_pendulum(tmp_path):
     assert float(evaluation.stdout.split("mean return ")[1].split(" ")[0]) > -700
 
 
-@pytest.mark.parametrize("fast", [True, False])
-@pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])
+def sampler_for(env_id: str, num_envs: int) -> ppo_continuous.Sampler:
+    """ppo_continuous.Sampler; for CartPole (Discrete actions, which only DPPO samples) dppo_ray.RolloutActor, the
+    Sampler that acts with a categorical, run as a plain object."""
+    args = ppo_continuous.Args(env_id=env_id)
+    if env_id == "CartPole-v1":
+        return dppo_ray.RolloutActor(env_id, num_envs, 0, args)
+    return ppo_continuous.Sampler(env_id, num_envs, 0, args)
+
+
+def set_policy(sampler: ppo_continuous.Sampler, weights: dict) -> None:
+    """Sampler.set_policy, with a policy version for a RolloutActor."""
+    if isinstance(sampler, dppo_ray.RolloutActor):
+        sampler.set_policy(weights, 0)
+    else:
+        sampler.set_policy(weights)
+
+
+@pytest.mark.parametrize("env_id, fast", [("Pendulum-v1", True), ("Pendulum-v1", False), ("CartPole-v1", False)])
 def test_rollout_log_probs_and_actions_are_the_policys(env_id, fast):
     """The rollout draws its noise for all steps at once and computes the log-probabilities after it: the stored
     log-probs must be the learner's for the stored (obs, action) pairs, and the actions those that the actor draws
-    step by step from the same generator, on either acting path."""
-    args = ppo_continuous.Args(env_id=env_id)
-    sampler = ppo_continuous.Sampler(env_id, 2, 0, args, allow_discrete=True)
-    obs_dim, act_dim, discrete = ppo_continuous.check_spaces(env_id, sampler.envs[0], allow_discrete=True)
+    step by step from the same generator, on either acting path (Discrete actions have only the torch one)."""
+    sampler = sampler_for(env_id, 2)
+    obs_dim, act_dim, discrete = dppo_ray.check_spaces(env_id, sampler.envs[0])
     agent = perturbed_agent(obs_dim, act_dim, discrete)
-    obs_rms = ppo_continuous.RunningMeanStd(shape=(obs_dim,))
+    obs_rms = gae.RunningMeanStd(shape=(obs_dim,))
     obs_rms.update_from_moments(*sampler.warm_up(32))
-    sampler.set_policy(ppo_continuous.policy_weights(learner_for(agent, obs_rms, fast)), 0)
-    assert isinstance(sampler.policy, fast_paths.NumpyActor if fast else ppo_continuous.TorchActor)
+    set_policy(sampler, ppo_continuous.policy_weights(learner_for(agent, obs_rms, fast)))
+    expected_actor = dppo_ray.CategoricalActor if discrete else ppo_continuous.TorchActor
+    assert isinstance(sampler.policy, fast_paths.NumpyActor if fast else expected_actor)
     replay = np.random.default_rng()
     replay.bit_generator.state = sampler.rng.bit_generator.state
     rollout = sampler.rollout(300)  # Pendulum's episodes end at 200: an episode end inside the rollout
@@ -493,13 +261,13 @@ def test_rollout_acts_on_zeros_for_a_non_finite_observation_and_stores_its_row_a
     all-NaN row, which the guard masks; every other row must be the normalized observation the policy acted on."""
     env_id = "tests.envs:NanObsSometimes-v0"  # a NaN observation every 97 steps of each env
     args = ppo_continuous.Args(env_id=env_id)
-    sampler = ppo_continuous.Sampler(env_id, 2, 0, args, allow_discrete=True)
-    obs_dim, act_dim, _ = ppo_continuous.check_spaces(env_id, sampler.envs[0])
+    sampler = ppo_continuous.Sampler(env_id, 2, 0, args)
+    obs_dim, act_dim = ppo_continuous.check_spaces(env_id, sampler.envs[0])
     agent = perturbed_agent(obs_dim, act_dim, False)
-    obs_rms = ppo_continuous.RunningMeanStd(shape=(obs_dim,))
+    obs_rms = gae.RunningMeanStd(shape=(obs_dim,))
     obs_rms.update(np.random.default_rng(1).normal(0.5, 2.0, size=(64, obs_dim)))
     weights = ppo_continuous.policy_weights(learner_for(agent, obs_rms, True))
-    sampler.set_policy(weights, 0)
+    sampler.set_policy(weights)
     replay = np.random.default_rng()
     replay.bit_generator.state = sampler.rng.bit_generator.state
     raw_first = sampler.raw_obs.copy()
@@ -523,12 +291,11 @@ def test_rollout_episode_returns_and_lengths_carry_across_rollouts(env_id):
     """The rollout totals each finished episode's rewards once per rollout: the returns and lengths it reports, in
     the order the episodes ended, must be those of a step-by-step count over all rollouts' rewards and episode ends
     (episodes span rollouts: Pendulum's are 200 steps, the rollouts 70)."""
-    args = ppo_continuous.Args(env_id=env_id)
-    sampler = ppo_continuous.Sampler(env_id, 3, 0, args, allow_discrete=True)
-    obs_dim, act_dim, discrete = ppo_continuous.check_spaces(env_id, sampler.envs[0], allow_discrete=True)
-    obs_rms = ppo_continuous.RunningMeanStd(shape=(obs_dim,))
+    sampler = sampler_for(env_id, 3)
+    obs_dim, act_dim, discrete = dppo_ray.check_spaces(env_id, sampler.envs[0])
+    obs_rms = gae.RunningMeanStd(shape=(obs_dim,))
     agent = perturbed_agent(obs_dim, act_dim, discrete)
-    sampler.set_policy(ppo_continuous.policy_weights(learner_for(agent, obs_rms, True)), 0)
+    set_policy(sampler, ppo_continuous.policy_weights(learner_for(agent, obs_rms, True)))
     rollouts = [sampler.rollout(70) for _ in range(10)]
     sampler.close()
     rewards = np.concatenate([r["rewards"] for r in rollouts])
@@ -573,11 +340,12 @@ def test_stacked_update_computes_what_the_plain_update_computes():
     batch = random_batch(256, 11, 3, False)
     torch.manual_seed(7)
     learner = ppo_continuous.Learner(agent, optimizer, None, None, fast)
-    stats, problem = ppo_continuous.ppo_update(learner, batch, args, 0.01, 1)
+    stats, problem = ppo_continuous.ppo_update(learner, batch, args, ppo_continuous.loss_settings(args, 0.01), 1)
     torch.manual_seed(7)
     torch_adam = torch.optim.Adam(reference.parameters(), lr=args.learning_rate, eps=1e-5)
     plain_learner = ppo_continuous.Learner(reference, torch_adam, None, None)
-    plain_stats, plain_problem = ppo_continuous.ppo_update(plain_learner, batch, args, 0.01, 1)
+    loss_kwargs = ppo_continuous.loss_settings(args, 0.01)
+    plain_stats, plain_problem = ppo_continuous.ppo_update(plain_learner, batch, args, loss_kwargs, 1)
     assert problem is None and plain_problem is None and stats["losses/value_loss"] > 0
     for key, value in plain_stats.items():
         assert value == pytest.approx(stats[key], rel=1e-3, abs=1e-5), key
@@ -630,7 +398,8 @@ def test_analytic_backward_matches_autograd(activation, hidden_layers, clip_vlos
     minibatch = fast_paths.synthetic_minibatch(reference, 11, 0.2, decoupled)
     kw = dict(clip_coef=0.2, clip_vloss=clip_vloss, ent_coef=ent_coef, vf_coef=0.5, norm_adv=True)
     written_out = fast.update.loss_and_gradients(minibatch, **kw)
-    plain = ppo_continuous.loss_and_gradients(reference, torch.optim.SGD(reference.parameters()), minibatch, **kw)
+    plain_update = ppo_continuous.PlainUpdate(reference, torch.optim.SGD(reference.parameters()))
+    plain = plain_update.loss_and_gradients(minibatch, **kw)
     assert 0 < plain.clipfrac.item() < 1
     for name in ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "old_approx_kl", "clipfrac"):
         torch.testing.assert_close(getattr(written_out, name), getattr(plain, name).detach(), msg=name)
@@ -671,6 +440,17 @@ def test_stacked_update_resumes_from_a_torch_adam_state():
         fast_update_for(other)[1].update.load_state_dict({"state": {0: {}}, "param_groups": [{"lr": 1.0}]})
 
 
+def choose_fast_paths(capsys, agent, optimizer, settings: list[dict], plain) -> tuple[fast_paths.FastPaths, list[str]]:
+    """fast_paths.choose_fast_paths with the fast paths enabled, and the lines it printed (without the script's name
+    before each)."""
+    capsys.readouterr()
+    fast = fast_paths.choose_fast_paths(agent, optimizer, settings, True, plain)
+    prefix = f"{fast_paths.PROG}: "
+    printed = capsys.readouterr().err.splitlines()
+    assert all(line.startswith(prefix) for line in printed), printed
+    return fast, [line[len(prefix) :] for line in printed]
+
+
 @pytest.mark.parametrize(
     "change, reason",
     [
@@ -678,11 +458,10 @@ def test_stacked_update_resumes_from_a_torch_adam_state():
         ("layer norm", "LayerNorm"),
         ("sgd", "SGD"),
         ("adam weight decay", "weight_decay"),
-        ("discrete", "discrete actions"),
     ],
 )
-def test_a_network_or_optimizer_the_stacked_update_cannot_run_is_refused_with_its_reason(change, reason):
-    agent = perturbed_agent(5, 2, change == "discrete")
+def test_a_network_or_optimizer_the_stacked_update_cannot_run_is_refused_with_its_reason(change, reason, capsys):
+    agent = perturbed_agent(5, 2, False)
     if change == "critic width":
         agent.critic[2], agent.critic[4] = torch.nn.Linear(64, 32), torch.nn.Linear(32, 1)
     if change == "layer norm":
@@ -695,21 +474,21 @@ def test_a_network_or_optimizer_the_stacked_update_cannot_run_is_refused_with_it
     with pytest.raises(fast_paths.DoesNotFit, match=reason):
         fast_paths.StackedUpdate(agent, optimizer)
     settings = [dict(clip_coef=0.2, clip_vloss=True, ent_coef=0.0, vf_coef=0.5, norm_adv=True)]
-    plain = (ppo_continuous.loss_and_gradients, ppo_continuous.clip_gradients)
-    fast, lines = fast_paths.choose_fast_paths(agent, optimizer, settings, False, True, plain)
+    plain = (ppo_continuous.PlainUpdate, ppo_continuous.clip_gradients)
+    fast, lines = choose_fast_paths(capsys, agent, optimizer, settings, plain)
     assert fast.update is None and fast.acting  # LayerNorm included: numpy runs that one layer in torch
     assert len(lines) == 1 and lines[0].startswith("fast update off:") and reason in lines[0]
 
 
-def test_the_start_up_check_catches_a_fast_path_that_drifts_from_the_definition(monkeypatch):
+def test_the_start_up_check_catches_a_fast_path_that_drifts_from_the_definition(monkeypatch, capsys):
     """The check compares numbers, not shapes: a wrong derivative in the written-out backward, or a gradient clip
     edited to treat tensors one by one, makes the update step aside; a numpy actor that no longer mirrors the Agent
     makes acting step aside; so does an Adam step without its bias correction."""
     agent = perturbed_agent(5, 2, False)
     optimizer = torch.optim.Adam(agent.parameters(), eps=1e-5)
     settings = [dict(clip_coef=0.2, clip_vloss=True, ent_coef=0.0, vf_coef=0.5, norm_adv=True)]
-    plain = (ppo_continuous.loss_and_gradients, ppo_continuous.clip_gradients)
-    fast, lines = fast_paths.choose_fast_paths(agent, optimizer, settings, False, True, plain)
+    plain = (ppo_continuous.PlainUpdate, ppo_continuous.clip_gradients)
+    fast, lines = choose_fast_paths(capsys, agent, optimizer, settings, plain)
     assert fast.acting and fast.update is not None and lines == []
 
     def per_tensor_clip(gradients, max_norm):
@@ -729,7 +508,7 @@ def test_the_start_up_check_catches_a_fast_path_that_drifts_from_the_definition(
     for drift in ("derivative", "clip", "actor", "adam"):
         agent = agent_with(torch.nn.ReLU)  # 11 observations, 3 actions
         optimizer = torch.optim.Adam(agent.parameters(), eps=1e-5)
-        checked = (ppo_continuous.loss_and_gradients, per_tensor_clip) if drift == "clip" else plain
+        checked = (ppo_continuous.PlainUpdate, per_tensor_clip) if drift == "clip" else plain
         with monkeypatch.context() as m:
             if drift == "derivative":
                 m.setitem(fast_paths.DERIVATIVES, torch.nn.ReLU, lambda module, u, h: torch.ones_like(u))
@@ -737,7 +516,7 @@ def test_the_start_up_check_catches_a_fast_path_that_drifts_from_the_definition(
                 m.setattr(fast_paths, "numpy_layer", lambda module: fast_paths.torch_layer(torch.nn.Tanh()))
             if drift == "adam":
                 m.setattr(fast_paths.StackedUpdate, "step", step_without_bias_correction)
-            fast, lines = fast_paths.choose_fast_paths(agent, optimizer, settings, False, True, checked)
+            fast, lines = choose_fast_paths(capsys, agent, optimizer, settings, checked)
         if drift == "actor":
             assert not fast.acting and len(lines) == 1 and lines[0].startswith("fast acting off: it differs")
         else:
@@ -761,95 +540,3 @@ def test_normalize_obs_standardizes_clips_and_marks_non_finite_rows(with_statist
     for_acting = gae.normalize_obs(raw, mean, std, 2.5, fill=0.0)
     np.testing.assert_array_equal(for_acting[[1, 3]], 0.0)
     np.testing.assert_array_equal(np.delete(for_acting, [1, 3], axis=0), np.delete(x, [1, 3], axis=0))
-
-
-def test_mujocos_settotalmass_deprecation_is_not_printed_but_other_warnings_are(tmp_path, capsys):
-    """Every HalfCheetah env used to print MuJoCo's deprecation of gymnasium's `settotalmass` (two lines on stderr),
-    which a user cannot act on; other MuJoCo warnings still reach stderr, and no MUJOCO_LOG.TXT is written."""
-    code = "import run_utils, gymnasium as gym; run_utils.quiet_mujoco_log(); gym.make('HalfCheetah-v5').reset(seed=0)"
-    environment = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=environment
-    )
-    assert result.returncode == 0, result.stderr
-    assert "settotalmass" not in result.stderr
-    assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
-    run_utils.mujoco_warning("compiler attribute 'settotalmass' is deprecated and will be removed")
-    run_utils.mujoco_warning("Nan, Inf or huge value in QACC at DOF 0")
-    assert capsys.readouterr().err == "WARNING: Nan, Inf or huge value in QACC at DOF 0\n"
-
-
-def test_a_checkpoint_whose_optimizer_state_holds_only_lr_betas_and_eps_resumes_on_the_plain_path():
-    """Checkpoints written before torch.optim.Adam was built saved a param group of lr, betas and eps only; loaded
-    into torch.optim.Adam, its first step must not fail for want of weight_decay and the rest."""
-    agent = perturbed_agent(5, 2, False)
-    learner = ppo_continuous.make_learner(ppo_continuous.Args(), 5, 2, False, torch.device("cpu"))
-    learner.agent.load_state_dict(agent.state_dict())
-    checkpoint = run_utils.policy_state(learner.agent, learner.obs_rms, ppo_continuous.Args(), 0)
-    n = len(list(learner.agent.parameters()))
-    checkpoint["optimizer"] = {
-        "state": {},
-        "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-5, "params": list(range(n))}],
-    }
-    checkpoint |= {"return_rms": learner.return_rms.state_dict(), "iteration": 0, "wall_time": 0.0, "counters": {}}
-    checkpoint["torch_rng"] = torch.get_rng_state()
-    run_utils.restore_training(checkpoint, learner, "old.pt")
-    for p in learner.agent.parameters():
-        p.grad = torch.ones_like(p)
-    learner.optimizer.step()  # KeyError: 'weight_decay' before the defaults were filled in
-    assert learner.optimizer.param_groups[0]["weight_decay"] == 0
-
-
-DEFERRED_DYNAMO = """
-import sys
-import torch
-import run_utils
-run_utils.defer_dynamo_import()
-a = torch.nn.Linear(3, 2)
-opt = torch.optim.Adam(a.parameters(), lr=1e-3)
-a(torch.ones(1, 3)).sum().backward()
-state = opt.state_dict()
-opt.load_state_dict(state)
-print("before", "torch._dynamo" in sys.modules)
-opt.step()  # the plain path's step imports torch._dynamo itself
-print("after step", "torch._dynamo" in sys.modules)
-opt.zero_grad()  # now torch's own dynamo-disabled wrapper runs again
-opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
-inner = torch.optim.Optimizer.zero_grad.__wrapped__
-print("handed back", getattr(inner, "__dynamo_disable").__module__)
-print("groups", len(opt.param_groups), "grad", a.weight.grad)
-"""
-
-
-def test_optimizer_is_built_without_importing_dynamo(tmp_path):
-    """defer_dynamo_import: building and saving a torch.optim.Adam does not import torch._dynamo; once the plain step
-    imports it, the optimizer's calls go through torch's own wrapper again and still work."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-c", DEFERRED_DYNAMO], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
-    assert lines[0] == "before False"
-    assert lines[1] == "after step True"
-    assert "run_utils" not in lines[2] and lines[2].startswith("handed back torch")
-    assert lines[3] == "groups 2 grad None"
-
-
-def test_a_run_on_the_fast_paths_never_imports_dynamo(tmp_path):
-    """The whole start-up (make_learner's Adam, the start-up check) and the run, as a user runs it: torch._dynamo
-    (seconds of imports) stays out of the process."""
-    args = ["--env-id", "Pendulum-v1", "--total-timesteps", "1024", "--num-steps", "256", "--num-minibatches", "4"]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    out = subprocess.run(
-        [sys.executable, "-X", "importtime", str(REPO / "ppo_continuous.py"), *args, "--run-name", "d", "--quiet"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
-    assert "torch.nn" in imported and "fast_paths" in imported, "importtime lists the run's imports"
-    assert "torch._dynamo" not in imported
-    summary = json.loads((tmp_path / "runs" / "d" / "summary.json").read_text())
-    assert summary["fast_paths"]["update"].startswith("StackedUpdate")

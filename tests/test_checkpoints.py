@@ -1,0 +1,123 @@
+"""Tests of checkpoints.py, mostly end to end through ppo_continuous.py as a user runs it (a subprocess in a fresh
+working directory): checkpoint files and resuming from them, corrupt or foreign checkpoints refused, and saved
+policies loaded and evaluated."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import REPO, SMALL, run_python, tensorboard_events
+
+SCRIPT = REPO / "ppo_continuous.py"
+sys.path.insert(0, str(REPO))
+
+import checkpoints  # noqa: E402
+import ppo_continuous  # noqa: E402
+
+
+def run(args: list[str], cwd: Path, timeout: float = 240, **kwargs) -> subprocess.CompletedProcess:
+    return run_python(SCRIPT, args, cwd, timeout, **kwargs)
+
+
+def test_checkpoint_and_resume_continue_steps_and_curves(tmp_path):
+    first = run(["--env-id", "Pendulum-v1", "--total-timesteps", "512", "--run-name", "r", *SMALL], tmp_path)
+    assert first.returncode == 0, first.stderr
+    ckpt_path = tmp_path / "runs" / "r" / "checkpoint.pt"
+    ckpt = torch.load(ckpt_path, weights_only=True)
+    assert ckpt["global_step"] == 512 and ckpt["iteration"] == 2
+    resumed = run(
+        ["--env-id", "Pendulum-v1", "--total-timesteps", "1024", "--resume", str(ckpt_path), *SMALL], tmp_path
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())
+    assert summary["env_steps"] == 1024
+    steps = sorted({e.step for e in tensorboard_events(tmp_path / "runs" / "r").Scalars("losses/approx_kl")})
+    assert steps == [256, 512, 768, 1024], "the resumed run should continue the same curves"
+    after = torch.load(ckpt_path, weights_only=True)
+    assert after["global_step"] == 1024 and after["iteration"] == 4
+    assert not torch.equal(after["agent"]["actor_logstd"], ckpt["agent"]["actor_logstd"])
+
+
+def test_eval_checkpoint_uses_saved_normalization(tmp_path):
+    result = run(
+        ["--env-id", "Pendulum-v1", "--total-timesteps", "1024", "--run-name", "e", "--save-model", *SMALL], tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    model = tmp_path / "runs" / "e" / "ppo_continuous.model"
+    assert model.is_file()
+    out = run(["--eval-checkpoint", str(model), "--eval-episodes", "3", "--seed", "7"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    line = out.stdout.strip().splitlines()[-1]
+    assert "Pendulum-v1: mean return" in line and "over 3 episodes" in line
+    printed_mean = float(line.split("mean return ")[1].split(" ")[0])
+
+    # The same evaluation in Python, with load_policy and with fresh statistics: the CLI must match the former.
+    policy = ppo_continuous.load_policy(str(model))
+    assert policy.obs_mean is not None and np.any(policy.obs_mean != 0), "the model must carry the statistics"
+    with_saved = checkpoints.evaluate(policy, 3, 7).mean()
+    fresh = ppo_continuous.load_policy(str(model))
+    fresh.obs_mean, fresh.obs_std = np.zeros(3), np.ones(3)
+    with_fresh = checkpoints.evaluate(fresh, 3, 7).mean()
+    assert printed_mean == pytest.approx(with_saved, abs=0.01)
+    assert with_saved != pytest.approx(with_fresh, abs=0.01)
+    # predict: one observation or a batch, the mean action, clipped to the action space
+    obs = np.array([[1.0, 0.0, 0.5], [0.0, 1.0, -8.0]])
+    batch = policy.predict(obs)
+    assert batch.shape == (2, 1) and np.all(np.abs(batch) <= 2.0)
+    np.testing.assert_allclose(policy.predict(obs[1]), batch[1], rtol=1e-5)  # one row or two: BLAS may sum apart
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Bad checkpoints: one line on stderr, non-zero exit, no traceback, no code run
+# ---------------------------------------------------------------------------------------------------------------------
+class RunsCode:
+    """A pickle payload that would create a file if it were ever unpickled with full pickle."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def bad_checkpoints(tmp_path: Path) -> dict[str, Path]:
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"this is not a checkpoint")
+    truncated = tmp_path / "truncated.pt"
+    torch.save({"agent": {"w": torch.zeros(1000)}}, truncated)
+    truncated.write_bytes(truncated.read_bytes()[:200])
+    malicious = tmp_path / "malicious.pt"
+    with open(malicious, "wb") as f:
+        pickle.dump({"agent": RunsCode(tmp_path / "pwned")}, f)
+    wrong = tmp_path / "wrong.pt"
+    torch.save({"something": torch.zeros(3)}, wrong)
+    return {"corrupt": corrupt, "truncated": truncated, "malicious": malicious, "wrong": wrong}
+
+
+@pytest.mark.parametrize("kind", ["corrupt", "truncated", "malicious", "wrong"])
+@pytest.mark.parametrize("flag", ["--eval-checkpoint", "--resume"])
+def test_bad_checkpoint_is_refused_without_running_code(tmp_path, kind, flag):
+    path = bad_checkpoints(tmp_path)[kind]
+    result = run([flag, str(path), "--env-id", "Pendulum-v1", "--quiet"], tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"cannot load checkpoint {path}" in lines[0], result.stderr
+    assert not (tmp_path / "pwned").exists(), "loading a checkpoint must never execute code"
+
+
+def test_resume_from_checkpoint_of_another_env_is_refused(tmp_path):
+    first = run(["--env-id", "Pendulum-v1", "--total-timesteps", "256", "--run-name", "x", *SMALL], tmp_path)
+    assert first.returncode == 0
+    ckpt = str(tmp_path / "runs" / "x" / "checkpoint.pt")
+    result = run(["--env-id", "Hopper-v5", "--resume", ckpt, *SMALL], tmp_path)
+    assert result.returncode == 2 and "was trained on Pendulum-v1, not --env-id Hopper-v5" in result.stderr

@@ -1,0 +1,254 @@
+"""Tests of run_management.py, mostly end to end through ppo_continuous.py as a user runs it (a subprocess in a fresh
+working directory): the run folder, MuJoCo's log, the numerical guard's counting and stopping, health warnings,
+signals (Ctrl-C), one-line errors of the command line, and the deferred import of torch._dynamo."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import REPO, SMALL, VALUE_FIT, run_python, tensorboard_events
+
+SCRIPT = REPO / "ppo_continuous.py"
+sys.path.insert(0, str(REPO))
+
+import run_management  # noqa: E402
+
+
+def run(args: list[str], cwd: Path, timeout: float = 240, **kwargs) -> subprocess.CompletedProcess:
+    return run_python(SCRIPT, args, cwd, timeout, **kwargs)
+
+
+def test_mujoco_run_leaves_nothing_in_cwd(tmp_path):
+    result = run(["--env-id", "Hopper-v5", "--total-timesteps", "512", "--run-name", "h", *SMALL], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["runs"], "MUJOCO_LOG.TXT or other files leaked into the cwd"
+    assert "charts/episodic_return" in tensorboard_events(tmp_path / "runs" / "h").Tags()["scalars"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Numerical guard, health warnings, Ctrl-C
+# ---------------------------------------------------------------------------------------------------------------------
+def test_numerical_guard_skips_bad_batches_then_stops(tmp_path):
+    # NaN rewards start after 600 steps of each sub-env: iterations 1-4 (128 steps per env) are clean, iteration 5 has
+    # 88 good steps of 128 per env and trains without the other 80 samples, and from iteration 6 nothing is usable.
+    args = ["--env-id", "tests.envs:NanReward-v0", "--run-name", "g", "--checkpoint-every", "1", *VALUE_FIT]
+    result = run([*args, "--total-timesteps", "25600"], tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.count("warning: skipped a bad batch") == 3
+    last = result.stderr.strip().splitlines()[-1]
+    assert "error: stopping: 3 bad batches in a row (last: only 0 of 256 samples are usable" in last, last
+    assert "Traceback" not in result.stderr
+    ckpt = torch.load(tmp_path / "runs" / "g" / "checkpoint.pt", weights_only=True)
+    assert ckpt["iteration"] == 5, "the last good checkpoint is kept"
+    assert all(torch.isfinite(v).all() for v in ckpt["agent"].values())
+    summary = json.loads((tmp_path / "runs" / "g" / "summary.json").read_text())
+    assert summary["status"] == "stopped_by_guard" and summary["bad_batches"] == 3
+    acc = tensorboard_events(tmp_path / "runs" / "g")
+    assert [e.value for e in acc.Scalars("guard/bad_batches")] == [1, 2, 3]
+    assert [e.value for e in acc.Scalars("guard/dropped_samples")][0] == 80
+
+
+@pytest.mark.parametrize("env_id", ["tests.envs:NanSometimes-v0", "tests.envs:NanObsSometimes-v0"])
+def test_flaky_env_trains_to_completion_dropping_bad_samples(tmp_path, env_id):
+    """One NaN reward or observation every 97 steps spoils no batch: those samples are dropped, counted and
+    reported, and the run completes with finite losses and statistics. (A NaN observation that ends a 5-step episode
+    is a final observation, not a sample: it only stops the bootstrap.)"""
+    args = ["--env-id", env_id, "--run-name", "f", "--total-timesteps", "4096", *SMALL]
+    result = run(args, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "warning: dropped" in result.stderr and "skipped a bad batch" not in result.stderr
+    summary = json.loads((tmp_path / "runs" / "f" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["env_steps"] == 4096
+    assert summary["dropped_samples"] >= 4096 // 97 * 3 // 4 and summary["bad_batches"] == 0
+    acc = tensorboard_events(tmp_path / "runs" / "f")
+    assert all(np.isfinite(e.value) for e in acc.Scalars("losses/value_loss"))
+    ckpt = torch.load(tmp_path / "runs" / "f" / "checkpoint.pt", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in ckpt["obs_rms"].values())
+    assert all(torch.isfinite(v).all() for v in ckpt["return_rms"].values())
+
+
+def test_always_nan_env_stops_with_one_line(tmp_path):
+    args = ["--env-id", "tests.envs:AlwaysNan-v0", "--run-name", "n", "--total-timesteps", "4096", *SMALL]
+    result = run(args, tmp_path)
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "stopping: 3 bad batches in a row" in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_health_warning_is_printed_and_logged(tmp_path):
+    result = run(
+        [
+            "--env-id",
+            "Pendulum-v1",
+            "--total-timesteps",
+            "3072",
+            "--run-name",
+            "k",
+            *SMALL,
+            "--learning-rate",
+            "0.1",
+            "--update-epochs",
+            "4",
+        ],
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "warning: approx_kl has stayed above 0.02" in result.stderr
+    assert "health/high_kl" in tensorboard_events(tmp_path / "runs" / "k").Tags()["scalars"]
+
+
+def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    args = ["--env-id", "Pendulum-v1", "--total-timesteps", "1000000", "--run-name", "i", "--checkpoint-every", "0"]
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), *args, *SMALL],
+        cwd=tmp_path,
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    run_dir = tmp_path / "runs" / "i"
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(run_dir.glob("events.*")):
+        time.sleep(0.5)
+    time.sleep(4)  # let a few iterations run
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "Ctrl-C: saving a checkpoint" in stderr
+    assert "interrupted at step" in stdout and "continue with: python ppo_continuous.py --resume" in stdout
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert ckpt["global_step"] > 0 and ckpt["global_step"] % 256 == 0
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
+    total = ckpt["global_step"] + 512
+    resumed = run(
+        [
+            "--env-id",
+            "Pendulum-v1",
+            "--total-timesteps",
+            str(total),
+            "--resume",
+            str(run_dir / "checkpoint.pt"),
+            *SMALL,
+        ],
+        tmp_path,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["global_step"] == total
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Bad input: one line on stderr, non-zero exit, no traceback
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--env-id", "NoSuchEnv-v0"], "cannot make env 'NoSuchEnv-v0'"),
+        (["--env-id", "no_such_module:Env-v0"], "cannot make env 'no_such_module:Env-v0'"),
+        (["--env-id", "CartPole-v1"], "needs a continuous (Box) one"),
+        (["--num-minibatches", "3"], "--num-minibatches 3 does not divide the batch"),
+        (["--num-envs", "0"], "--num-envs must be positive"),
+        (["--num-steps", "-5"], "--num-steps must be positive"),
+        (["--total-timesteps", "100"], "is less than one batch"),
+        (["--learning-rate", "0"], "--learning-rate must be positive"),
+        (["--resume", "missing.pt"], "checkpoint not found: missing.pt"),
+        (["--eval-checkpoint", "missing.pt"], "checkpoint not found: missing.pt"),
+        (["--resume", "a.pt", "--eval-checkpoint", "b.pt"], "do not fit together"),
+        (["--track"], "--track needs Weights and Biases: pip install wandb"),
+    ],
+)
+def test_bad_input_one_line_error(tmp_path, args, message):
+    if "--track" in args and importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here")
+    result = run(["--env-id", "Pendulum-v1", *args, "--quiet"], tmp_path, timeout=120)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip() and "WARNING" not in line]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("ppo_continuous.py: error:") and message in lines[0], lines[0]
+    assert not (tmp_path / "runs").exists(), "a refused run must not leave a run folder behind"
+
+
+def test_mujocos_settotalmass_deprecation_is_not_printed_but_other_warnings_are(tmp_path, capsys):
+    """Every HalfCheetah env used to print MuJoCo's deprecation of gymnasium's `settotalmass` (two lines on stderr),
+    which a user cannot act on; other MuJoCo warnings still reach stderr, and no MUJOCO_LOG.TXT is written."""
+    code = (
+        "import run_management as rm, gymnasium as gym; rm.quiet_mujoco_log(); gym.make('HalfCheetah-v5').reset(seed=0)"
+    )
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=environment
+    )
+    assert result.returncode == 0, result.stderr
+    assert "settotalmass" not in result.stderr
+    assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
+    run_management.mujoco_warning("compiler attribute 'settotalmass' is deprecated and will be removed")
+    run_management.mujoco_warning("Nan, Inf or huge value in QACC at DOF 0")
+    assert capsys.readouterr().err == "WARNING: Nan, Inf or huge value in QACC at DOF 0\n"
+
+
+DEFERRED_DYNAMO = """
+import sys
+import torch
+import run_management
+run_management.defer_dynamo_import()
+a = torch.nn.Linear(3, 2)
+opt = torch.optim.Adam(a.parameters(), lr=1e-3)
+a(torch.ones(1, 3)).sum().backward()
+state = opt.state_dict()
+opt.load_state_dict(state)
+print("before", "torch._dynamo" in sys.modules)
+opt.step()  # the plain path's step imports torch._dynamo itself
+print("after step", "torch._dynamo" in sys.modules)
+opt.zero_grad()  # now torch's own dynamo-disabled wrapper runs again
+opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
+inner = torch.optim.Optimizer.zero_grad.__wrapped__
+print("handed back", getattr(inner, "__dynamo_disable").__module__)
+print("groups", len(opt.param_groups), "grad", a.weight.grad)
+"""
+
+
+def test_optimizer_is_built_without_importing_dynamo(tmp_path):
+    """defer_dynamo_import: building and saving a torch.optim.Adam does not import torch._dynamo; once the plain step
+    imports it, the optimizer's calls go through torch's own wrapper again and still work."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", DEFERRED_DYNAMO], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "before False"
+    assert lines[1] == "after step True"
+    assert "run_management" not in lines[2] and lines[2].startswith("handed back torch")
+    assert lines[3] == "groups 2 grad None"
+
+
+def test_a_run_on_the_fast_paths_never_imports_dynamo(tmp_path):
+    """The whole start-up (make_learner's Adam, the start-up check) and the run, as a user runs it: torch._dynamo
+    (seconds of imports) stays out of the process."""
+    args = ["--env-id", "Pendulum-v1", "--total-timesteps", "1024", "--num-steps", "256", "--num-minibatches", "4"]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", str(REPO / "ppo_continuous.py"), *args, "--run-name", "d", "--quiet"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert "torch.nn" in imported and "fast_paths" in imported, "importtime lists the run's imports"
+    assert "torch._dynamo" not in imported
+    summary = json.loads((tmp_path / "runs" / "d" / "summary.json").read_text())
+    assert summary["fast_paths"]["update"].startswith("StackedUpdate")
