@@ -27,7 +27,7 @@ GET_DISTRIBUTION = """        \"\"\"The policy at observations x: one distributi
 EVALUATE_RETURN = "        return dist.log_prob(action), dist.entropy(), self.get_value(x)\n"
 GAUSSIAN = "        return Independent(Normal(action_mean, action_std, validate_args=False), 1, validate_args=False)"
 TANH_SQUASHED = """        tanh = torch.distributions.TanhTransform()
-        return Independent(TransformedDistribution(Normal(action_mean, action_std), tanh), 1)"""
+        return Independent(torch.distributions.TransformedDistribution(Normal(action_mean, action_std), tanh), 1)"""
 # A squashed action of exactly +-1 has log-probability -inf: the log-probability is taken just inside; the negative
 # log-probability of the action taken estimates the entropy, which a squashed Gaussian has no closed form for
 TANH_EVALUATE_RETURN = """        logprob = dist.log_prob(action.clamp(-1 + 1e-6, 1 - 1e-6))
