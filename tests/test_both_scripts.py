@@ -20,9 +20,9 @@ from tests.conftest import REPO, run_python, scalars
 
 sys.path.insert(0, str(REPO))
 
+import checkpoints  # noqa: E402
 import dppo_ray  # noqa: E402
 import ppo_continuous  # noqa: E402
-import run_utils  # noqa: E402
 from tests.envs import cycle_values  # noqa: E402
 
 # The same rollout shape for both: ppo's 2 envs x 128 steps, DPPO's 2 actors x 1 env x 128 steps (in-process).
@@ -69,6 +69,30 @@ def test_models_of_either_script_evaluate_with_the_other(tmp_path):
         assert line.startswith("Pendulum-v1: mean return")
 
 
+def test_a_discrete_action_model_evaluates_with_dppo_and_is_refused_by_ppo_in_one_line(tmp_path):
+    """DPPO trains Discrete actions (CartPole) on the plain path: the fast paths compute a Gaussian policy, so they are
+    off without a check and without a line about them. Its model evaluates with dppo_ray.py; ppo_continuous.py's Agent
+    builds no categorical policy, so its --eval-checkpoint refuses in one line that names the script to use."""
+    args = ["--env-id", "CartPole-v1", "--total-timesteps", "512", "--run-name", "d", "--save-model"]
+    trained = run("dppo_ray.py", [*args, "--eval-episodes", "1", *SHAPE["dppo_ray.py"], *COMMON], tmp_path)
+    assert trained.returncode == 0, trained.stderr
+    assert "fast" not in trained.stderr, trained.stderr
+    summary = json.loads((tmp_path / "runs" / "d" / "summary.json").read_text())
+    used = summary["fast_paths"]
+    assert used["acting"].startswith("torch") and used["update"].startswith("autograd"), used
+    assert summary["fast_path_switches"] == [] and summary["discarded_rollouts"] == 0
+    model = tmp_path / "runs" / "d" / "dppo_ray.model"
+    evaluated = run("dppo_ray.py", ["--eval-checkpoint", str(model), "--eval-episodes", "2"], tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert evaluated.stdout.strip().splitlines()[-1].startswith("CartPole-v1: mean return")
+    refused = run("ppo_continuous.py", ["--eval-checkpoint", str(model), "--eval-episodes", "2"], tmp_path)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert refused.stderr.strip() == (
+        f"ppo_continuous.py: error: {model} is a policy over Discrete actions, which this script's Agent does not "
+        f"build: use python dppo_ray.py --eval-checkpoint {model}"
+    )
+
+
 @pytest.mark.parametrize("script", list(SHAPE))
 def test_truncation_bootstraps_with_normalized_observations(tmp_path, script):
     """Cycle-v0's final observation differs from the next reset observation, and its reward depends on the state.
@@ -80,7 +104,7 @@ def test_truncation_bootstraps_with_normalized_observations(tmp_path, script):
     result = run(script, [*args, *SHAPE[script]], tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr
     policy_ckpt = torch.load(tmp_path / "runs" / "c" / "checkpoint.pt", weights_only=True)
-    agent, obs_rms = run_utils.agent_from_checkpoint(policy_ckpt, "c", ppo_continuous)
+    agent, obs_rms = checkpoints.agent_from_checkpoint(policy_ckpt, "c", ppo_continuous)
     obs = obs_rms.normalize(np.arange(10.0)[:, None], 10.0).astype(np.float32)
     with torch.no_grad():
         values = agent.get_value(torch.from_numpy(obs)).numpy()
@@ -198,21 +222,21 @@ def test_observation_layout_follows_gymnasiums_flatten_order():
     import gymnasium as gym
 
     raw = gym.make("tests.envs:Reach-v0")
-    layout = run_utils.observation_layout("Reach-v0", raw.observation_space)
+    layout = checkpoints.observation_layout("Reach-v0", raw.observation_space)
     assert layout == [[["target"], [2]], [["body", "position"], [2]], [["body", "velocity"], [2]]]
     obs, _ = raw.reset(seed=3)
     flat = gym.spaces.flatten(raw.observation_space, obs)
-    np.testing.assert_array_equal(run_utils.flatten_observation(obs, layout), flat)
+    np.testing.assert_array_equal(checkpoints.flatten_observation(obs, layout), flat)
     batch = {"target": np.stack([obs["target"]] * 3), "body": {k: np.stack([v] * 3) for k, v in obs["body"].items()}}
-    np.testing.assert_array_equal(run_utils.flatten_observation(batch, layout), np.stack([flat] * 3))
+    np.testing.assert_array_equal(checkpoints.flatten_observation(batch, layout), np.stack([flat] * 3))
     env = ppo_continuous.make_env("tests.envs:Reach-v0")
     assert env.observation_space.shape == (6,) and env.obs_layout == layout
     np.testing.assert_array_equal(env.reset(seed=3)[0], flat)
     assert ppo_continuous.make_env("Pendulum-v1").obs_layout is None
-    image_like = run_utils.observation_layout("x", gym.spaces.Box(0, 1, (2, 3)))
+    image_like = checkpoints.observation_layout("x", gym.spaces.Box(0, 1, (2, 3)))
     assert image_like == [[[], [2, 3]]]
     grid = np.arange(12.0).reshape(2, 2, 3)  # a batch of two 2x3 observations
-    np.testing.assert_array_equal(run_utils.flatten_observation(grid, image_like), grid.reshape(2, 6))
+    np.testing.assert_array_equal(checkpoints.flatten_observation(grid, image_like), grid.reshape(2, 6))
 
 
 @pytest.mark.parametrize("script", ["ppo_continuous.py", "dppo_ray.py"])
