@@ -212,6 +212,9 @@ class RolloutActor(ppo.Sampler):
     def draw_noise(self, shape: tuple[int, ...]) -> np.ndarray:
         return self.rng.random((*shape, 1)) if self.discrete else super().draw_noise(shape)
 
+    def env_action(self, action: np.ndarray) -> np.ndarray:
+        return action if self.discrete else super().env_action(action)
+
     def set_policy(self, weights: dict[str, np.ndarray], version: int) -> int:
         super().set_policy(weights)
         self.version = version

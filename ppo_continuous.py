@@ -364,6 +364,11 @@ class Sampler:
     def normalize(self, raw: np.ndarray, out: np.ndarray | None = None, fill: float = np.nan) -> np.ndarray:
         return gae.normalize_obs(raw, self.obs_mean, self.obs_std, self.obs_clip, out, fill)
 
+    def env_action(self, action: np.ndarray) -> np.ndarray:
+        """The action as the envs take it: clipped into the Box's bounds. The rollout stores the unclipped action,
+        whose log-probability is the policy's."""
+        return np.minimum(np.maximum(action, self.action_space.low), self.action_space.high)
+
     def warm_up(self, steps: int) -> tuple[np.ndarray, np.ndarray, int]:
         """Moments of the observations met in `steps` random-action steps per env; then every env starts afresh."""
         seen = [self.raw_obs]
@@ -407,9 +412,7 @@ class Sampler:
             acting_obs = self.normalize(raw_obs[step], out=obs[step], fill=0.0)
             action = self.policy.act(acting_obs, noise[step])
             actions[step] = action
-            env_action = action
-            if isinstance(self.action_space, gym.spaces.Box):
-                env_action = np.minimum(np.maximum(action, self.action_space.low), self.action_space.high)
+            env_action = self.env_action(action)
             *_, final = step_envs(
                 self.envs, env_action, (raw_obs[step + 1], rewards[step], terminations[step], truncations[step])
             )
@@ -733,7 +736,7 @@ def train(args: Args) -> int:
                     save_checkpoint()
     if loop.keeps_state:
         save_checkpoint()
-    eval_failed = finish_run(monitor, loop.status, learner, state, sys.modules[__name__], {})
+    eval_failed = finish_run(monitor, loop.status, learner, state, sys.modules[__name__])
     sampler.close()
     return loop.exit_status() or eval_failed
 

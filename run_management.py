@@ -419,10 +419,11 @@ def require_positive(args, names: list[str]) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 # The end of a run and the command line
 # ---------------------------------------------------------------------------------------------------------------------
-def finish_run(monitor: Monitor, status: str, learner, state: RunState, script, extra: dict) -> int:
-    """After training: the final model and its evaluation (with --save-model, when the run completed), summary.json,
-    and the closing line. Returns 1 when the saved model could not be evaluated (the files and the closing line are
-    written all the same), else 0."""
+def finish_run(monitor: Monitor, status: str, learner, state: RunState, script, extra: dict | None = None) -> int:
+    """After training: the final model and its evaluation (with --save-model, when the run completed), summary.json
+    (with a script's `extra` fields), and the closing line. Returns 1 when the saved model could not be evaluated (the
+    files and the closing line are written all the same), else 0."""
+    extra = extra or {}
     eval_error = None
     if status == "completed" and monitor.args.save_model:
         eval_error = save_final_model(monitor, learner, state, script)

@@ -1,7 +1,8 @@
-"""fast_paths.py's audit on the run's own data and its loss gradient: each check against an independent reference
-(autograd through the Agent and gae.ppo_loss, or a hand-made case), each way a fast path steps aside with its
-reason, and what the run does then (the update's audited minibatch, the samplers' acting audits, a rollout sampled
-again with torch)."""
+"""fast_paths.py: the stacked update against the plain one (a whole ppo_update, the written-out backward for every
+activation and depth, Adam and its saved state, the start-up check and what it refuses), the audit on the run's own
+data and the loss gradient: each check against an independent reference (autograd through the Agent and
+gae.ppo_loss, or a hand-made case), each way a fast path steps aside with its reason, and what the run does then (the
+update's audited minibatch, the samplers' acting audits, a rollout sampled again with torch)."""
 
 from __future__ import annotations
 
@@ -27,11 +28,11 @@ SETTINGS = dict(clip_coef=0.2, clip_vloss=True, ent_coef=0.0, vf_coef=0.5, norm_
 PLAIN = (ppo_continuous.PlainUpdate, ppo_continuous.clip_gradients)
 
 
-def choose(capsys, agent, optimizer, loss_settings) -> tuple[fast_paths.FastPaths, list[str]]:
-    """choose_fast_paths with the fast paths enabled, and the lines it printed (on stderr, each after the script's
-    name)."""
+def choose(capsys, agent, optimizer, loss_settings, plain=PLAIN) -> tuple[fast_paths.FastPaths, list[str]]:
+    """choose_fast_paths with the fast paths enabled, checked against `plain` (the plain update and gradient clip),
+    and the lines it printed (on stderr, each after the script's name)."""
     capsys.readouterr()
-    fast = fast_paths.choose_fast_paths(agent, optimizer, loss_settings, True, PLAIN)
+    fast = fast_paths.choose_fast_paths(agent, optimizer, loss_settings, True, plain)
     return fast, printed(capsys)
 
 
@@ -80,6 +81,189 @@ def loss_inputs(seed: int, n: int = 64, dtype=torch.float64) -> dict:
     minibatch = dict(logprobs=old_logprob, advantages=t(), values=old_values, returns=t())
     per_sample = (old_logprob + t(0.5), old_values + t(0.5), t().abs())
     return minibatch, per_sample
+
+
+def fast_update_for(agent: ppo_continuous.Agent, lr: float = 1e-3) -> fast_paths.FastPaths:
+    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5)
+    return optimizer, fast_paths.FastPaths(True, fast_paths.StackedUpdate(agent, optimizer))
+
+
+def test_stacked_update_computes_what_the_plain_update_computes():
+    """StackedUpdate runs both nets with batched matmuls over one flat buffer and steps Adam by hand: the same
+    parameters as the plain path (autograd and torch.optim.Adam) over a whole ppo_update, within float noise (several
+    epochs, so Adam's moments, its bias correction and the gradient clip are exercised too)."""
+    args = ppo_continuous.Args(update_epochs=3, num_minibatches=4, learning_rate=1e-3, max_grad_norm=0.5)
+    agent = perturbed_agent(11, 3, False)
+    reference = copy.deepcopy(agent)
+    optimizer, fast = fast_update_for(agent, args.learning_rate)
+    batch = random_batch(256, 11, 3)
+    torch.manual_seed(7)
+    learner = ppo_continuous.Learner(agent, optimizer, None, None, fast)
+    stats, problem = ppo_continuous.ppo_update(learner, batch, args, ppo_continuous.loss_settings(args, 0.01), 1)
+    torch.manual_seed(7)
+    torch_adam = torch.optim.Adam(reference.parameters(), lr=args.learning_rate, eps=1e-5)
+    plain_learner = ppo_continuous.Learner(reference, torch_adam, None, None)
+    loss_kwargs = ppo_continuous.loss_settings(args, 0.01)
+    plain_stats, plain_problem = ppo_continuous.ppo_update(plain_learner, batch, args, loss_kwargs, 1)
+    assert problem is None and plain_problem is None and stats["losses/value_loss"] > 0
+    for key, value in plain_stats.items():
+        assert value == pytest.approx(stats[key], rel=1e-3, abs=1e-5), key
+    for (name, fast_param), plain in zip(agent.named_parameters(), reference.parameters()):
+        assert not torch.equal(fast_param, perturbed_agent(11, 3, False).state_dict()[name]), f"{name} did not move"
+        torch.testing.assert_close(fast_param, plain, rtol=1e-4, atol=1e-5, msg=name)
+    saved, expected = fast.update.state_dict(), torch_adam.state_dict()
+    assert len(saved["state"]) == len(expected["state"]) == len(list(agent.parameters()))
+    for i, state in expected["state"].items():
+        assert int(saved["state"][i]["step"]) == int(state["step"]) == args.update_epochs * args.num_minibatches
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(saved["state"][i][key], state[key], rtol=1e-3, atol=1e-8)
+
+
+def agent_with(activation: type[torch.nn.Module], hidden_layers: int = 2) -> ppo_continuous.Agent:
+    """The Agent with another activation or depth, as a researcher would edit mlp()."""
+    agent = perturbed_agent(11, 3, False)
+    for name in ("actor_mean", "critic"):
+        net, layers = getattr(agent, name), []
+        for i in range(hidden_layers):
+            layers += [torch.nn.Linear(11 if i == 0 else 64, 64), activation()]
+        setattr(agent, name, torch.nn.Sequential(*layers, torch.nn.Linear(64, net[-1].out_features)))
+    return agent
+
+
+@pytest.mark.parametrize(
+    "activation, hidden_layers",
+    [
+        (torch.nn.Tanh, 2),
+        (torch.nn.ReLU, 2),
+        (torch.nn.SiLU, 2),
+        (torch.nn.ELU, 2),
+        (torch.nn.LeakyReLU, 2),
+        (torch.nn.Sigmoid, 2),
+        (torch.nn.Tanh, 3),
+        (torch.nn.ReLU, 1),
+    ],
+)
+@pytest.mark.parametrize("clip_vloss, ent_coef, decoupled", [(True, 0.0, False), (False, 0.01, True)])
+def test_analytic_backward_matches_autograd(activation, hidden_layers, clip_vloss, ent_coef, decoupled):
+    """StackedUpdate's written-out backward (no autograd) gives the loss, diagnostics and gradient of every parameter
+    that autograd gives through Agent.evaluate and gae.ppo_loss, for every activation and depth it accepts, on the
+    synthetic minibatch of the start-up check (every branch of both clips)."""
+    agent = agent_with(activation, hidden_layers) if (activation, hidden_layers) != (torch.nn.Tanh, 2) else None
+    agent = agent or perturbed_agent(11, 3, False)
+    reference = copy.deepcopy(agent)
+    _, fast = fast_update_for(agent)
+    minibatch = fast_paths.synthetic_minibatch(reference, 11, 0.2, decoupled)
+    kw = dict(clip_coef=0.2, clip_vloss=clip_vloss, ent_coef=ent_coef, vf_coef=0.5, norm_adv=True)
+    written_out = fast.update.loss_and_gradients(minibatch, **kw)
+    plain_update = ppo_continuous.PlainUpdate(reference, torch.optim.SGD(reference.parameters()))
+    plain = plain_update.loss_and_gradients(minibatch, **kw)
+    assert 0 < plain.clipfrac.item() < 1
+    for name in ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "old_approx_kl", "clipfrac"):
+        torch.testing.assert_close(getattr(written_out, name), getattr(plain, name).detach(), msg=name)
+    for (name, fast_param), plain_param in zip(agent.named_parameters(), reference.parameters()):
+        assert plain_param.grad.abs().max() > 0, name
+        # float32 noise grows with the gradient's size (the synthetic minibatch has ratios up to 6, weights up to 100)
+        atol = 1e-5 * float(plain_param.grad.abs().max())
+        torch.testing.assert_close(fast_param.grad, plain_param.grad, rtol=1e-4, atol=atol, msg=name)
+    layers = fast.update.unflatten(fast.update.grads)
+    assert not layers[-3][1, 1:].any() and not layers[-2][1, 0, 1:].any()  # the critic's padded outputs stay 0
+
+
+def test_stacked_update_resumes_from_a_torch_adam_state():
+    """A checkpoint's optimizer state (torch.optim.Adam's format, which both paths save) loaded into the optimizer
+    reaches StackedUpdate, and the next step matches torch.optim.Adam's from the same state."""
+    agent = perturbed_agent(5, 2, False)
+    reference = copy.deepcopy(agent)
+    torch_adam = torch.optim.Adam(reference.parameters(), lr=1e-3, eps=1e-5)
+    for p in reference.parameters():
+        p.grad = torch.randn_like(p)
+    torch_adam.step()
+    agent.load_state_dict(reference.state_dict())
+    optimizer = torch.optim.Adam(agent.parameters(), lr=0.5, eps=1e-5)
+    optimizer.load_state_dict(torch_adam.state_dict())
+    update = fast_paths.StackedUpdate(agent, optimizer)
+    assert update.group["lr"] == 1e-3 and update.steps == 1
+    for p, fast_p in zip(reference.parameters(), agent.parameters()):
+        p.grad = torch.randn_like(p)
+        fast_p.grad.copy_(p.grad)
+    torch_adam.step()
+    update.step()
+    for fast_p, plain in zip(agent.parameters(), reference.parameters()):
+        torch.testing.assert_close(fast_p, plain, rtol=1e-5, atol=1e-6)
+    other = perturbed_agent(5, 2, False)
+    with pytest.raises(ValueError, match="parameters"):
+        fast_update_for(other)[1].update.load_state_dict({"state": {0: {}}, "param_groups": [{"lr": 1.0}]})
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ("critic width", "different widths"),
+        ("layer norm", "LayerNorm"),
+        ("sgd", "SGD"),
+        ("adam weight decay", "weight_decay"),
+    ],
+)
+def test_a_network_or_optimizer_the_stacked_update_cannot_run_is_refused_with_its_reason(change, reason, capsys):
+    agent = perturbed_agent(5, 2, False)
+    if change == "critic width":
+        agent.critic[2], agent.critic[4] = torch.nn.Linear(64, 32), torch.nn.Linear(32, 1)
+    if change == "layer norm":
+        agent.actor_mean.insert(1, torch.nn.LayerNorm(64))
+        agent.critic.insert(1, torch.nn.LayerNorm(64))
+    optimizer = {
+        "sgd": torch.optim.SGD(agent.parameters(), lr=1e-3),
+        "adam weight decay": torch.optim.Adam(agent.parameters(), weight_decay=1e-4),
+    }.get(change, torch.optim.Adam(agent.parameters()))
+    with pytest.raises(fast_paths.DoesNotFit, match=reason):
+        fast_paths.StackedUpdate(agent, optimizer)
+    settings = [dict(clip_coef=0.2, clip_vloss=True, ent_coef=0.0, vf_coef=0.5, norm_adv=True)]
+    fast, lines = choose(capsys, agent, optimizer, settings)
+    assert fast.update is None and fast.acting  # LayerNorm included: numpy runs that one layer in torch
+    assert len(lines) == 1 and lines[0].startswith("fast update off:") and reason in lines[0]
+
+
+def test_the_start_up_check_catches_a_fast_path_that_drifts_from_the_definition(monkeypatch, capsys):
+    """The check compares numbers, not shapes: a wrong derivative in the written-out backward, or a gradient clip
+    edited to treat tensors one by one, makes the update step aside; a numpy actor that no longer mirrors the Agent
+    makes acting step aside; so does an Adam step without its bias correction."""
+    agent = perturbed_agent(5, 2, False)
+    optimizer = torch.optim.Adam(agent.parameters(), eps=1e-5)
+    settings = [dict(clip_coef=0.2, clip_vloss=True, ent_coef=0.0, vf_coef=0.5, norm_adv=True)]
+    fast, lines = choose(capsys, agent, optimizer, settings)
+    assert fast.acting and fast.update is not None and lines == []
+
+    def per_tensor_clip(gradients, max_norm):
+        for g in gradients:
+            norm = float(g.norm())
+            if norm > max_norm:
+                g.mul_(max_norm / norm)
+        return max(float(g.norm()) for g in gradients)
+
+    def step_without_bias_correction(self):
+        lr, (beta1, beta2), eps = float(self.group["lr"]), self.group["betas"], self.group["eps"]
+        self.steps += 1
+        self.exp_avg.lerp_(self.grads, 1 - beta1)
+        self.exp_avg_sq.mul_(beta2).addcmul_(self.grads, self.grads, value=1 - beta2)
+        self.params.addcdiv_(self.exp_avg, self.exp_avg_sq.sqrt().add_(eps), value=-lr)
+
+    for drift in ("derivative", "clip", "actor", "adam"):
+        agent = agent_with(torch.nn.ReLU)  # 11 observations, 3 actions
+        optimizer = torch.optim.Adam(agent.parameters(), eps=1e-5)
+        checked = (ppo_continuous.PlainUpdate, per_tensor_clip) if drift == "clip" else PLAIN
+        with monkeypatch.context() as m:
+            if drift == "derivative":
+                m.setitem(fast_paths.DERIVATIVES, torch.nn.ReLU, lambda module, u, h: torch.ones_like(u))
+            if drift == "actor":
+                m.setattr(fast_paths, "numpy_layer", lambda module: fast_paths.torch_layer(torch.nn.Tanh()))
+            if drift == "adam":
+                m.setattr(fast_paths.StackedUpdate, "step", step_without_bias_correction)
+            fast, lines = choose(capsys, agent, optimizer, settings, checked)
+        if drift == "actor":
+            assert not fast.acting and len(lines) == 1 and lines[0].startswith("fast acting off: it differs")
+        else:
+            assert fast.update is None and len(lines) == 1 and "differs from autograd" in lines[0], lines
+            assert ("Adam step" in lines[0]) == (drift == "adam"), lines
 
 
 @pytest.mark.parametrize("clip_vloss", [False, True])

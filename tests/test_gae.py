@@ -23,6 +23,7 @@ from gae import (
     finite_moments,
     finite_samples,
     mean_clipfrac,
+    normalize_obs,
     ppo_loss,
     scale_rewards,
 )
@@ -890,3 +891,21 @@ def test_health_warnings_name_the_problem():
     # explained variance is not judged during warm-up; a single high-KL update is not "persistent"
     early = {"entropy": [8.0], "approx_kl": [0.01] * 4 + [0.5], "explained_variance": [-0.3]}
     assert health_warnings(early, False, act_dim=6) == []
+
+
+@pytest.mark.parametrize("with_statistics", [True, False])
+def test_normalize_obs_standardizes_clips_and_marks_non_finite_rows(with_statistics):
+    rng = np.random.default_rng(0)
+    raw = rng.normal(size=(5, 4)) * 3.0
+    raw[1, 2], raw[3, 0] = np.nan, -np.inf
+    mean, std = (rng.normal(size=4), rng.uniform(0.5, 2.0, size=4)) if with_statistics else (None, None)
+    expected = raw.copy() if mean is None else np.clip((raw - mean) / std, -2.5, 2.5)
+    expected[[1, 3]] = np.nan  # the whole row, whatever the clip would have made of it
+    out = np.full((5, 4), 7.0, np.float32)
+    x = normalize_obs(raw, mean, std, 2.5, out=out)
+    assert x is out and x.dtype == np.float32
+    np.testing.assert_array_equal(x, expected.astype(np.float32))
+    np.testing.assert_array_equal(normalize_obs(raw, mean, std, 2.5), x)
+    for_acting = normalize_obs(raw, mean, std, 2.5, fill=0.0)
+    np.testing.assert_array_equal(for_acting[[1, 3]], 0.0)
+    np.testing.assert_array_equal(np.delete(for_acting, [1, 3], axis=0), np.delete(x, [1, 3], axis=0))

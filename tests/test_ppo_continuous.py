@@ -1,6 +1,7 @@
-"""Tests of ppo_continuous.py's algorithm: the Agent, acting, the rollout, the wiring of GAE, the update (plain and
-stacked), and end to end, run exactly as a user runs it (a subprocess in a fresh working directory), the training
-loop's TensorBoard tags and learning. (Checkpoints: test_checkpoints.py; run management: test_run_management.py.)"""
+"""Tests of ppo_continuous.py's algorithm: the Agent, acting, the rollout, the wiring of GAE, and end to end, run
+exactly as a user runs it (a subprocess in a fresh working directory), the training loop's TensorBoard tags and
+learning. (The stacked update against the plain one: test_fast_paths.py; checkpoints: test_checkpoints.py; run
+management: test_run_management.py.)"""
 
 from __future__ import annotations
 
@@ -287,6 +288,41 @@ def test_rollout_acts_on_zeros_for_a_non_finite_observation_and_stores_its_row_a
 
 
 @pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])
+def test_envs_get_actions_within_their_bounds_and_the_rollout_stores_the_drawn_ones(env_id):
+    """A Box env is stepped with the drawn action clipped into its bounds, while the rollout stores the drawn action,
+    whose log-probability is the policy's; a Discrete env (DPPO's sampler) gets the drawn index as it is."""
+    sampler = sampler_for(env_id, 2)
+    obs_dim, act_dim, discrete = dppo_ray.check_spaces(env_id, sampler.envs[0])
+    agent = perturbed_agent(obs_dim, act_dim, discrete)
+    if not discrete:
+        with torch.no_grad():
+            agent.actor_logstd.fill_(2.0)  # std 7.4 against Pendulum's bounds of +-2: most actions fall outside
+    set_policy(sampler, ppo_continuous.policy_weights(learner_for(agent, gae.RunningMeanStd(shape=(obs_dim,)), True)))
+    received = [[] for _ in sampler.envs]
+
+    def recording(step, seen: list):
+        def record_and_step(action):
+            seen.append(np.copy(action))
+            return step(action)
+
+        return record_and_step
+
+    for env, seen in zip(sampler.envs, received):
+        env.step = recording(env.step, seen)
+    rollout = sampler.rollout(50)
+    sampler.close()
+    got = np.stack([np.stack(seen) for seen in received], axis=1).reshape(rollout["actions"].shape)
+    drawn = rollout["actions"]
+    if discrete:
+        np.testing.assert_array_equal(got, drawn)
+        return
+    space = sampler.action_space
+    assert (np.abs(drawn) > space.high).mean() > 0.5
+    # the env gets the action before the rollout stores it as float32
+    np.testing.assert_array_equal(got.astype(np.float32), np.clip(drawn, space.low, space.high))
+
+
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])
 def test_rollout_episode_returns_and_lengths_carry_across_rollouts(env_id):
     """The rollout totals each finished episode's rewards once per rollout: the returns and lengths it reports, in
     the order the episodes ended, must be those of a step-by-step count over all rollouts' rewards and episode ends
@@ -312,231 +348,3 @@ def test_rollout_episode_returns_and_lengths_carry_across_rollouts(env_id):
     np.testing.assert_array_equal(np.concatenate([r["episode_lengths"] for r in rollouts]), expected_lengths)
     if env_id == "Pendulum-v1":
         assert set(expected_lengths) == {200}
-
-
-def random_batch(n: int, obs_dim: int, act_dim: int, discrete: bool) -> dict:
-    g = torch.Generator().manual_seed(3)
-    actions = torch.randint(0, act_dim, (n,), generator=g).float() if discrete else torch.randn(n, act_dim, generator=g)
-    batch = dict(obs=torch.randn(n, obs_dim, generator=g), actions=actions, advantages=torch.randn(n, generator=g))
-    batch |= {k: torch.randn(n, generator=g) for k in ("values", "returns")}
-    return batch | dict(logprobs=torch.randn(n, generator=g) - 3, size=n, non_finite=0, outliers=0)
-
-
-def fast_update_for(agent: ppo_continuous.Agent, lr: float = 1e-3) -> fast_paths.FastPaths:
-    optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5)
-    return optimizer, fast_paths.FastPaths(True, fast_paths.StackedUpdate(agent, optimizer))
-
-
-def test_stacked_update_computes_what_the_plain_update_computes():
-    """StackedUpdate runs both nets with batched matmuls over one flat buffer and steps Adam by hand: the same
-    parameters as the plain path (autograd and torch.optim.Adam) over a whole ppo_update, within float noise (several
-    epochs, so Adam's moments, its bias correction and the gradient clip are exercised too)."""
-    import copy
-
-    args = ppo_continuous.Args(update_epochs=3, num_minibatches=4, learning_rate=1e-3, max_grad_norm=0.5)
-    agent = perturbed_agent(11, 3, False)
-    reference = copy.deepcopy(agent)
-    optimizer, fast = fast_update_for(agent, args.learning_rate)
-    batch = random_batch(256, 11, 3, False)
-    torch.manual_seed(7)
-    learner = ppo_continuous.Learner(agent, optimizer, None, None, fast)
-    stats, problem = ppo_continuous.ppo_update(learner, batch, args, ppo_continuous.loss_settings(args, 0.01), 1)
-    torch.manual_seed(7)
-    torch_adam = torch.optim.Adam(reference.parameters(), lr=args.learning_rate, eps=1e-5)
-    plain_learner = ppo_continuous.Learner(reference, torch_adam, None, None)
-    loss_kwargs = ppo_continuous.loss_settings(args, 0.01)
-    plain_stats, plain_problem = ppo_continuous.ppo_update(plain_learner, batch, args, loss_kwargs, 1)
-    assert problem is None and plain_problem is None and stats["losses/value_loss"] > 0
-    for key, value in plain_stats.items():
-        assert value == pytest.approx(stats[key], rel=1e-3, abs=1e-5), key
-    for (name, fast_param), plain in zip(agent.named_parameters(), reference.parameters()):
-        assert not torch.equal(fast_param, perturbed_agent(11, 3, False).state_dict()[name]), f"{name} did not move"
-        torch.testing.assert_close(fast_param, plain, rtol=1e-4, atol=1e-5, msg=name)
-    saved, expected = fast.update.state_dict(), torch_adam.state_dict()
-    assert len(saved["state"]) == len(expected["state"]) == len(list(agent.parameters()))
-    for i, state in expected["state"].items():
-        assert int(saved["state"][i]["step"]) == int(state["step"]) == args.update_epochs * args.num_minibatches
-        for key in ("exp_avg", "exp_avg_sq"):
-            torch.testing.assert_close(saved["state"][i][key], state[key], rtol=1e-3, atol=1e-8)
-
-
-def agent_with(activation: type[torch.nn.Module], hidden_layers: int = 2) -> ppo_continuous.Agent:
-    """The Agent with another activation or depth, as a researcher would edit mlp()."""
-    agent = perturbed_agent(11, 3, False)
-    for name in ("actor_mean", "critic"):
-        net, layers = getattr(agent, name), []
-        for i in range(hidden_layers):
-            layers += [torch.nn.Linear(11 if i == 0 else 64, 64), activation()]
-        setattr(agent, name, torch.nn.Sequential(*layers, torch.nn.Linear(64, net[-1].out_features)))
-    return agent
-
-
-@pytest.mark.parametrize(
-    "activation, hidden_layers",
-    [
-        (torch.nn.Tanh, 2),
-        (torch.nn.ReLU, 2),
-        (torch.nn.SiLU, 2),
-        (torch.nn.ELU, 2),
-        (torch.nn.LeakyReLU, 2),
-        (torch.nn.Sigmoid, 2),
-        (torch.nn.Tanh, 3),
-        (torch.nn.ReLU, 1),
-    ],
-)
-@pytest.mark.parametrize("clip_vloss, ent_coef, decoupled", [(True, 0.0, False), (False, 0.01, True)])
-def test_analytic_backward_matches_autograd(activation, hidden_layers, clip_vloss, ent_coef, decoupled):
-    """StackedUpdate's written-out backward (no autograd) gives the loss, diagnostics and gradient of every parameter
-    that autograd gives through Agent.evaluate and gae.ppo_loss, for every activation and depth it accepts, on the
-    synthetic minibatch of the start-up check (every branch of both clips)."""
-    import copy
-
-    agent = agent_with(activation, hidden_layers) if (activation, hidden_layers) != (torch.nn.Tanh, 2) else None
-    agent = agent or perturbed_agent(11, 3, False)
-    reference = copy.deepcopy(agent)
-    _, fast = fast_update_for(agent)
-    minibatch = fast_paths.synthetic_minibatch(reference, 11, 0.2, decoupled)
-    kw = dict(clip_coef=0.2, clip_vloss=clip_vloss, ent_coef=ent_coef, vf_coef=0.5, norm_adv=True)
-    written_out = fast.update.loss_and_gradients(minibatch, **kw)
-    plain_update = ppo_continuous.PlainUpdate(reference, torch.optim.SGD(reference.parameters()))
-    plain = plain_update.loss_and_gradients(minibatch, **kw)
-    assert 0 < plain.clipfrac.item() < 1
-    for name in ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "old_approx_kl", "clipfrac"):
-        torch.testing.assert_close(getattr(written_out, name), getattr(plain, name).detach(), msg=name)
-    for (name, fast_param), plain_param in zip(agent.named_parameters(), reference.parameters()):
-        assert plain_param.grad.abs().max() > 0, name
-        # float32 noise grows with the gradient's size (the synthetic minibatch has ratios up to 6, weights up to 100)
-        atol = 1e-5 * float(plain_param.grad.abs().max())
-        torch.testing.assert_close(fast_param.grad, plain_param.grad, rtol=1e-4, atol=atol, msg=name)
-    layers = fast.update.unflatten(fast.update.grads)
-    assert not layers[-3][1, 1:].any() and not layers[-2][1, 0, 1:].any()  # the critic's padded outputs stay 0
-
-
-def test_stacked_update_resumes_from_a_torch_adam_state():
-    """A checkpoint's optimizer state (torch.optim.Adam's format, which both paths save) loaded into the optimizer
-    reaches StackedUpdate, and the next step matches torch.optim.Adam's from the same state."""
-    import copy
-
-    agent = perturbed_agent(5, 2, False)
-    reference = copy.deepcopy(agent)
-    torch_adam = torch.optim.Adam(reference.parameters(), lr=1e-3, eps=1e-5)
-    for p in reference.parameters():
-        p.grad = torch.randn_like(p)
-    torch_adam.step()
-    agent.load_state_dict(reference.state_dict())
-    optimizer = torch.optim.Adam(agent.parameters(), lr=0.5, eps=1e-5)
-    optimizer.load_state_dict(torch_adam.state_dict())
-    update = fast_paths.StackedUpdate(agent, optimizer)
-    assert update.group["lr"] == 1e-3 and update.steps == 1
-    for p, fast_p in zip(reference.parameters(), agent.parameters()):
-        p.grad = torch.randn_like(p)
-        fast_p.grad.copy_(p.grad)
-    torch_adam.step()
-    update.step()
-    for fast_p, plain in zip(agent.parameters(), reference.parameters()):
-        torch.testing.assert_close(fast_p, plain, rtol=1e-5, atol=1e-6)
-    other = perturbed_agent(5, 2, False)
-    with pytest.raises(ValueError, match="parameters"):
-        fast_update_for(other)[1].update.load_state_dict({"state": {0: {}}, "param_groups": [{"lr": 1.0}]})
-
-
-def choose_fast_paths(capsys, agent, optimizer, settings: list[dict], plain) -> tuple[fast_paths.FastPaths, list[str]]:
-    """fast_paths.choose_fast_paths with the fast paths enabled, and the lines it printed (without the script's name
-    before each)."""
-    capsys.readouterr()
-    fast = fast_paths.choose_fast_paths(agent, optimizer, settings, True, plain)
-    prefix = f"{fast_paths.PROG}: "
-    printed = capsys.readouterr().err.splitlines()
-    assert all(line.startswith(prefix) for line in printed), printed
-    return fast, [line[len(prefix) :] for line in printed]
-
-
-@pytest.mark.parametrize(
-    "change, reason",
-    [
-        ("critic width", "different widths"),
-        ("layer norm", "LayerNorm"),
-        ("sgd", "SGD"),
-        ("adam weight decay", "weight_decay"),
-    ],
-)
-def test_a_network_or_optimizer_the_stacked_update_cannot_run_is_refused_with_its_reason(change, reason, capsys):
-    agent = perturbed_agent(5, 2, False)
-    if change == "critic width":
-        agent.critic[2], agent.critic[4] = torch.nn.Linear(64, 32), torch.nn.Linear(32, 1)
-    if change == "layer norm":
-        agent.actor_mean.insert(1, torch.nn.LayerNorm(64))
-        agent.critic.insert(1, torch.nn.LayerNorm(64))
-    optimizer = {
-        "sgd": torch.optim.SGD(agent.parameters(), lr=1e-3),
-        "adam weight decay": torch.optim.Adam(agent.parameters(), weight_decay=1e-4),
-    }.get(change, torch.optim.Adam(agent.parameters()))
-    with pytest.raises(fast_paths.DoesNotFit, match=reason):
-        fast_paths.StackedUpdate(agent, optimizer)
-    settings = [dict(clip_coef=0.2, clip_vloss=True, ent_coef=0.0, vf_coef=0.5, norm_adv=True)]
-    plain = (ppo_continuous.PlainUpdate, ppo_continuous.clip_gradients)
-    fast, lines = choose_fast_paths(capsys, agent, optimizer, settings, plain)
-    assert fast.update is None and fast.acting  # LayerNorm included: numpy runs that one layer in torch
-    assert len(lines) == 1 and lines[0].startswith("fast update off:") and reason in lines[0]
-
-
-def test_the_start_up_check_catches_a_fast_path_that_drifts_from_the_definition(monkeypatch, capsys):
-    """The check compares numbers, not shapes: a wrong derivative in the written-out backward, or a gradient clip
-    edited to treat tensors one by one, makes the update step aside; a numpy actor that no longer mirrors the Agent
-    makes acting step aside; so does an Adam step without its bias correction."""
-    agent = perturbed_agent(5, 2, False)
-    optimizer = torch.optim.Adam(agent.parameters(), eps=1e-5)
-    settings = [dict(clip_coef=0.2, clip_vloss=True, ent_coef=0.0, vf_coef=0.5, norm_adv=True)]
-    plain = (ppo_continuous.PlainUpdate, ppo_continuous.clip_gradients)
-    fast, lines = choose_fast_paths(capsys, agent, optimizer, settings, plain)
-    assert fast.acting and fast.update is not None and lines == []
-
-    def per_tensor_clip(gradients, max_norm):
-        for g in gradients:
-            norm = float(g.norm())
-            if norm > max_norm:
-                g.mul_(max_norm / norm)
-        return max(float(g.norm()) for g in gradients)
-
-    def step_without_bias_correction(self):
-        lr, (beta1, beta2), eps = float(self.group["lr"]), self.group["betas"], self.group["eps"]
-        self.steps += 1
-        self.exp_avg.lerp_(self.grads, 1 - beta1)
-        self.exp_avg_sq.mul_(beta2).addcmul_(self.grads, self.grads, value=1 - beta2)
-        self.params.addcdiv_(self.exp_avg, self.exp_avg_sq.sqrt().add_(eps), value=-lr)
-
-    for drift in ("derivative", "clip", "actor", "adam"):
-        agent = agent_with(torch.nn.ReLU)  # 11 observations, 3 actions
-        optimizer = torch.optim.Adam(agent.parameters(), eps=1e-5)
-        checked = (ppo_continuous.PlainUpdate, per_tensor_clip) if drift == "clip" else plain
-        with monkeypatch.context() as m:
-            if drift == "derivative":
-                m.setitem(fast_paths.DERIVATIVES, torch.nn.ReLU, lambda module, u, h: torch.ones_like(u))
-            if drift == "actor":
-                m.setattr(fast_paths, "numpy_layer", lambda module: fast_paths.torch_layer(torch.nn.Tanh()))
-            if drift == "adam":
-                m.setattr(fast_paths.StackedUpdate, "step", step_without_bias_correction)
-            fast, lines = choose_fast_paths(capsys, agent, optimizer, settings, checked)
-        if drift == "actor":
-            assert not fast.acting and len(lines) == 1 and lines[0].startswith("fast acting off: it differs")
-        else:
-            assert fast.update is None and len(lines) == 1 and "differs from autograd" in lines[0], lines
-            assert ("Adam step" in lines[0]) == (drift == "adam"), lines
-
-
-@pytest.mark.parametrize("with_statistics", [True, False])
-def test_normalize_obs_standardizes_clips_and_marks_non_finite_rows(with_statistics):
-    rng = np.random.default_rng(0)
-    raw = rng.normal(size=(5, 4)) * 3.0
-    raw[1, 2], raw[3, 0] = np.nan, -np.inf
-    mean, std = (rng.normal(size=4), rng.uniform(0.5, 2.0, size=4)) if with_statistics else (None, None)
-    expected = raw.copy() if mean is None else np.clip((raw - mean) / std, -2.5, 2.5)
-    expected[[1, 3]] = np.nan  # the whole row, whatever the clip would have made of it
-    out = np.full((5, 4), 7.0, np.float32)
-    x = gae.normalize_obs(raw, mean, std, 2.5, out=out)
-    assert x is out and x.dtype == np.float32
-    np.testing.assert_array_equal(x, expected.astype(np.float32))
-    np.testing.assert_array_equal(gae.normalize_obs(raw, mean, std, 2.5), x)
-    for_acting = gae.normalize_obs(raw, mean, std, 2.5, fill=0.0)
-    np.testing.assert_array_equal(for_acting[[1, 3]], 0.0)
-    np.testing.assert_array_equal(np.delete(for_acting, [1, 3], axis=0), np.delete(x, [1, 3], axis=0))
