@@ -175,7 +175,8 @@ def test_ctrl_c_keeps_finished_runs_and_storage_runs_resume(tmp_path, cluster):
     cluster.add_node(num_cpus=2)
     cluster.wait_for_nodes()
     storage = tmp_path / "shared"
-    long_run = ["--total-timesteps", "61440", *SHORT[2:]]
+    # long enough that Ctrl-C, a second after the run's events file appears, lands well before its end
+    long_run = ["--total-timesteps", "122880", *SHORT[2:]]
     sweep = ["--envs", "Pendulum-v1", "--impls", "ppo", "--seeds", "1", "--storage", str(storage)]
     # one finished run first: the 1e-4 configuration, with the flags the sweep below asks (a run of other flags would
     # be refused)
@@ -188,8 +189,8 @@ def test_ctrl_c_keeps_finished_runs_and_storage_runs_resume(tmp_path, cluster):
     interrupted = storage / "runs" / "bench" / LABELS[1] / "Pendulum-v1__1"
     deadline = time.time() + 180
     while time.time() < deadline and not list(interrupted.glob("events.*")):
-        time.sleep(0.5)
-    time.sleep(3)
+        time.sleep(0.2)
+    time.sleep(1)  # the trainer answers signals from just after it opens its writer
     proc.send_signal(signal.SIGINT)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0
