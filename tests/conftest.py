@@ -64,6 +64,14 @@ def start_python(
     )
 
 
+PPO_SCRIPT = REPO / "ppo_continuous.py"
+
+
+def run_ppo(args: Sequence[str], cwd: Path, timeout: float = 240, **kwargs) -> subprocess.CompletedProcess:
+    """`python ppo_continuous.py *args` in `cwd`, as a user runs it (run_python)."""
+    return run_python(PPO_SCRIPT, args, cwd, timeout, **kwargs)
+
+
 def tensorboard_events(run_dir: Path, **size_guidance: int) -> EventAccumulator:
     """A run folder's TensorBoard events, loaded, with every scalar kept (TensorBoard keeps only a sample by default);
     `size_guidance` for other kinds, e.g. histograms=0 to keep every histogram too."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,26 +14,21 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import REPO, SMALL, run_python, tensorboard_events
+from tests.conftest import REPO, SMALL, run_ppo, tensorboard_events
 
-SCRIPT = REPO / "ppo_continuous.py"
 sys.path.insert(0, str(REPO))
 
 import checkpoints  # noqa: E402
 import ppo_continuous  # noqa: E402
 
 
-def run(args: list[str], cwd: Path, timeout: float = 240, **kwargs) -> subprocess.CompletedProcess:
-    return run_python(SCRIPT, args, cwd, timeout, **kwargs)
-
-
 def test_checkpoint_and_resume_continue_steps_and_curves(tmp_path):
-    first = run(["--env-id", "Pendulum-v1", "--total-timesteps", "512", "--run-name", "r", *SMALL], tmp_path)
+    first = run_ppo(["--env-id", "Pendulum-v1", "--total-timesteps", "512", "--run-name", "r", *SMALL], tmp_path)
     assert first.returncode == 0, first.stderr
     ckpt_path = tmp_path / "runs" / "r" / "checkpoint.pt"
     ckpt = torch.load(ckpt_path, weights_only=True)
     assert ckpt["global_step"] == 512 and ckpt["iteration"] == 2
-    resumed = run(
+    resumed = run_ppo(
         ["--env-id", "Pendulum-v1", "--total-timesteps", "1024", "--resume", str(ckpt_path), *SMALL], tmp_path
     )
     assert resumed.returncode == 0, resumed.stderr
@@ -48,13 +42,13 @@ def test_checkpoint_and_resume_continue_steps_and_curves(tmp_path):
 
 
 def test_eval_checkpoint_uses_saved_normalization(tmp_path):
-    result = run(
+    result = run_ppo(
         ["--env-id", "Pendulum-v1", "--total-timesteps", "1024", "--run-name", "e", "--save-model", *SMALL], tmp_path
     )
     assert result.returncode == 0, result.stderr
     model = tmp_path / "runs" / "e" / "ppo_continuous.model"
     assert model.is_file()
-    out = run(["--eval-checkpoint", str(model), "--eval-episodes", "3", "--seed", "7"], tmp_path)
+    out = run_ppo(["--eval-checkpoint", str(model), "--eval-episodes", "3", "--seed", "7"], tmp_path)
     assert out.returncode == 0, out.stderr
     line = out.stdout.strip().splitlines()[-1]
     assert "Pendulum-v1: mean return" in line and "over 3 episodes" in line
@@ -107,7 +101,7 @@ def bad_checkpoints(tmp_path: Path) -> dict[str, Path]:
 @pytest.mark.parametrize("flag", ["--eval-checkpoint", "--resume"])
 def test_bad_checkpoint_is_refused_without_running_code(tmp_path, kind, flag):
     path = bad_checkpoints(tmp_path)[kind]
-    result = run([flag, str(path), "--env-id", "Pendulum-v1", "--quiet"], tmp_path, timeout=120)
+    result = run_ppo([flag, str(path), "--env-id", "Pendulum-v1", "--quiet"], tmp_path, timeout=120)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
@@ -116,8 +110,8 @@ def test_bad_checkpoint_is_refused_without_running_code(tmp_path, kind, flag):
 
 
 def test_resume_from_checkpoint_of_another_env_is_refused(tmp_path):
-    first = run(["--env-id", "Pendulum-v1", "--total-timesteps", "256", "--run-name", "x", *SMALL], tmp_path)
+    first = run_ppo(["--env-id", "Pendulum-v1", "--total-timesteps", "256", "--run-name", "x", *SMALL], tmp_path)
     assert first.returncode == 0
     ckpt = str(tmp_path / "runs" / "x" / "checkpoint.pt")
-    result = run(["--env-id", "Hopper-v5", "--resume", ckpt, *SMALL], tmp_path)
+    result = run_ppo(["--env-id", "Hopper-v5", "--resume", ckpt, *SMALL], tmp_path)
     assert result.returncode == 2 and "was trained on Pendulum-v1, not --env-id Hopper-v5" in result.stderr

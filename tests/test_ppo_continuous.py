@@ -7,18 +7,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.conftest import REPO, SMALL, VALUE_FIT, perturbed_agent, run_python, tensorboard_events
+from tests.conftest import REPO, SMALL, VALUE_FIT, perturbed_agent, run_ppo, tensorboard_events
 
-SCRIPT = REPO / "ppo_continuous.py"
 sys.path.insert(0, str(REPO))
 
 import checkpoints  # noqa: E402
@@ -26,15 +23,6 @@ import dppo_ray  # noqa: E402
 import fast_paths  # noqa: E402
 import gae  # noqa: E402
 import ppo_continuous  # noqa: E402
-
-
-def run(args: list[str], cwd: Path, timeout: float = 240, **kwargs) -> subprocess.CompletedProcess:
-    return run_python(SCRIPT, args, cwd, timeout, **kwargs)
-
-
-def scalars(run_dir: Path) -> EventAccumulator:
-    return tensorboard_events(run_dir, histograms=0)
-
 
 CLEANRL_TAGS = [
     "charts/episodic_return",
@@ -55,14 +43,14 @@ CLEANRL_TAGS = [
 def pendulum_run(tmp_path_factory):
     """One short Pendulum run shared by the tests that only read its outputs."""
     cwd = tmp_path_factory.mktemp("pendulum")
-    result = run(["--env-id", "Pendulum-v1", "--total-timesteps", "1024", "--run-name", "p", *SMALL], cwd)
+    result = run_ppo(["--env-id", "Pendulum-v1", "--total-timesteps", "1024", "--run-name", "p", *SMALL], cwd)
     assert result.returncode == 0, result.stderr
     return cwd, cwd / "runs" / "p"
 
 
 def test_tensorboard_tags_and_summary(pendulum_run):
     cwd, run_dir = pendulum_run
-    acc = scalars(run_dir)
+    acc = tensorboard_events(run_dir, histograms=0)
     tags = set(acc.Tags()["scalars"])
     missing = [t for t in CLEANRL_TAGS if t not in tags]
     assert not missing, f"missing TensorBoard tags: {missing}"
@@ -91,18 +79,18 @@ def test_same_seed_same_run(tmp_path):
     args = ["--env-id", "Pendulum-v1", "--total-timesteps", "1024", *SMALL]
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    assert run([*args, "--seed", "3", "--run-name", "s"], tmp_path / "a").returncode == 0
-    assert run([*args, "--seed", "3", "--run-name", "s"], tmp_path / "b").returncode == 0
-    runs = [scalars(tmp_path / d / "runs" / "s") for d in ("a", "b")]
+    assert run_ppo([*args, "--seed", "3", "--run-name", "s"], tmp_path / "a").returncode == 0
+    assert run_ppo([*args, "--seed", "3", "--run-name", "s"], tmp_path / "b").returncode == 0
+    runs = [tensorboard_events(tmp_path / d / "runs" / "s") for d in ("a", "b")]
     for tag in ["charts/episodic_return", "losses/value_loss", "losses/approx_kl"]:
         a, b = ([e.value for e in acc.Scalars(tag)] for acc in runs)
         assert a == b, tag
     ckpts = [torch.load(tmp_path / d / "runs" / "s" / "checkpoint.pt", weights_only=True) for d in ("a", "b")]
     for key, value in ckpts[0]["agent"].items():
         assert torch.equal(value, ckpts[1]["agent"][key]), key
-    other = run([*args, "--seed", "4", "--run-name", "t"], tmp_path / "a")
+    other = run_ppo([*args, "--seed", "4", "--run-name", "t"], tmp_path / "a")
     assert other.returncode == 0
-    c = [e.value for e in scalars(tmp_path / "a" / "runs" / "t").Scalars("losses/value_loss")]
+    c = [e.value for e in tensorboard_events(tmp_path / "a" / "runs" / "t").Scalars("losses/value_loss")]
     assert c != [e.value for e in runs[0].Scalars("losses/value_loss")], "a different seed must change the run"
 
 
@@ -119,11 +107,11 @@ def critic_values(run_dir: Path) -> np.ndarray:
 
 def test_autoreset_records_real_episodes_only(tmp_path):
     """With SAME_STEP autoreset no fake reset transition enters the data: every 5-step episode returns exactly 5."""
-    result = run(
+    result = run_ppo(
         ["--env-id", "tests.envs:Truncating-v0", "--run-name", "c", "--total-timesteps", "1280", *VALUE_FIT], tmp_path
     )
     assert result.returncode == 0, result.stderr
-    acc = scalars(tmp_path / "runs" / "c")
+    acc = tensorboard_events(tmp_path / "runs" / "c")
     lengths = [e.value for e in acc.Scalars("charts/episodic_length")]
     returns = [e.value for e in acc.Scalars("charts/episodic_return")]
     assert len(lengths) == 1280 // 5
@@ -135,7 +123,7 @@ def test_truncation_bootstraps_and_termination_does_not(tmp_path):
     had truncation been treated as termination, V would fall to 1 at the last step. A real termination gives
     V(s_t) = 2 - 0.5^(4-t), i.e. 1 at the last step."""
     for env_id, name in [("tests.envs:Truncating-v0", "trunc"), ("tests.envs:Terminating-v0", "term")]:
-        result = run(["--env-id", env_id, "--run-name", name, "--total-timesteps", "12800", *VALUE_FIT], tmp_path)
+        result = run_ppo(["--env-id", env_id, "--run-name", name, "--total-timesteps", "12800", *VALUE_FIT], tmp_path)
         assert result.returncode == 0, result.stderr
     truncating = critic_values(tmp_path / "runs" / "trunc")
     terminating = critic_values(tmp_path / "runs" / "term")
@@ -201,11 +189,11 @@ def test_learns_pendulum(tmp_path):
     A random policy scores about -1200; this run reaches about -400 (mean of the last 100 training episodes)."""
     args = ["--env-id", "Pendulum-v1", "--total-timesteps", "102400", "--num-envs", "4", "--num-steps", "1024"]
     args += ["--gamma", "0.9", "--learning-rate", "1e-3", "--run-name", "learn", "--save-model", "--quiet"]
-    result = run(args, tmp_path, timeout=600)
+    result = run_ppo(args, tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "runs" / "learn" / "summary.json").read_text())
     assert summary["mean_return_last_episodes"] > -700, summary["mean_return_last_episodes"]
-    evaluation = run(["--eval-checkpoint", str(tmp_path / "runs" / "learn" / "ppo_continuous.model")], tmp_path)
+    evaluation = run_ppo(["--eval-checkpoint", str(tmp_path / "runs" / "learn" / "ppo_continuous.model")], tmp_path)
     assert evaluation.returncode == 0
     assert float(evaluation.stdout.split("mean return ")[1].split(" ")[0]) > -700
 

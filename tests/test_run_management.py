@@ -11,26 +11,20 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from tests.conftest import REPO, SMALL, VALUE_FIT, run_python, tensorboard_events
+from tests.conftest import PPO_SCRIPT, REPO, SMALL, VALUE_FIT, run_ppo, tensorboard_events
 
-SCRIPT = REPO / "ppo_continuous.py"
 sys.path.insert(0, str(REPO))
 
 import run_management  # noqa: E402
 
 
-def run(args: list[str], cwd: Path, timeout: float = 240, **kwargs) -> subprocess.CompletedProcess:
-    return run_python(SCRIPT, args, cwd, timeout, **kwargs)
-
-
 def test_mujoco_run_leaves_nothing_in_cwd(tmp_path):
-    result = run(["--env-id", "Hopper-v5", "--total-timesteps", "512", "--run-name", "h", *SMALL], tmp_path)
+    result = run_ppo(["--env-id", "Hopper-v5", "--total-timesteps", "512", "--run-name", "h", *SMALL], tmp_path)
     assert result.returncode == 0, result.stderr
     assert sorted(os.listdir(tmp_path)) == ["runs"], "MUJOCO_LOG.TXT or other files leaked into the cwd"
     assert "charts/episodic_return" in tensorboard_events(tmp_path / "runs" / "h").Tags()["scalars"]
@@ -43,7 +37,7 @@ def test_numerical_guard_skips_bad_batches_then_stops(tmp_path):
     # NaN rewards start after 600 steps of each sub-env: iterations 1-4 (128 steps per env) are clean, iteration 5 has
     # 88 good steps of 128 per env and trains without the other 80 samples, and from iteration 6 nothing is usable.
     args = ["--env-id", "tests.envs:NanReward-v0", "--run-name", "g", "--checkpoint-every", "1", *VALUE_FIT]
-    result = run([*args, "--total-timesteps", "25600"], tmp_path)
+    result = run_ppo([*args, "--total-timesteps", "25600"], tmp_path)
     assert result.returncode == 1
     assert result.stderr.count("warning: skipped a bad batch") == 3
     last = result.stderr.strip().splitlines()[-1]
@@ -65,7 +59,7 @@ def test_flaky_env_trains_to_completion_dropping_bad_samples(tmp_path, env_id):
     reported, and the run completes with finite losses and statistics. (A NaN observation that ends a 5-step episode
     is a final observation, not a sample: it only stops the bootstrap.)"""
     args = ["--env-id", env_id, "--run-name", "f", "--total-timesteps", "4096", *SMALL]
-    result = run(args, tmp_path)
+    result = run_ppo(args, tmp_path)
     assert result.returncode == 0, result.stderr
     assert "warning: dropped" in result.stderr and "skipped a bad batch" not in result.stderr
     summary = json.loads((tmp_path / "runs" / "f" / "summary.json").read_text())
@@ -80,7 +74,7 @@ def test_flaky_env_trains_to_completion_dropping_bad_samples(tmp_path, env_id):
 
 def test_always_nan_env_stops_with_one_line(tmp_path):
     args = ["--env-id", "tests.envs:AlwaysNan-v0", "--run-name", "n", "--total-timesteps", "4096", *SMALL]
-    result = run(args, tmp_path)
+    result = run_ppo(args, tmp_path)
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "stopping: 3 bad batches in a row" in errors[0], result.stderr
@@ -88,7 +82,7 @@ def test_always_nan_env_stops_with_one_line(tmp_path):
 
 
 def test_health_warning_is_printed_and_logged(tmp_path):
-    result = run(
+    result = run_ppo(
         [
             "--env-id",
             "Pendulum-v1",
@@ -113,7 +107,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     args = ["--env-id", "Pendulum-v1", "--total-timesteps", "1000000", "--run-name", "i", "--checkpoint-every", "0"]
     proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), *args, *SMALL],
+        [sys.executable, str(PPO_SCRIPT), *args, *SMALL],
         cwd=tmp_path,
         env=env,
         stderr=subprocess.PIPE,
@@ -134,7 +128,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
     assert ckpt["global_step"] > 0 and ckpt["global_step"] % 256 == 0
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
     total = ckpt["global_step"] + 512
-    resumed = run(
+    resumed = run_ppo(
         [
             "--env-id",
             "Pendulum-v1",
@@ -173,7 +167,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
 def test_bad_input_one_line_error(tmp_path, args, message):
     if "--track" in args and importlib.util.find_spec("wandb") is not None:
         pytest.skip("wandb is installed here")
-    result = run(["--env-id", "Pendulum-v1", *args, "--quiet"], tmp_path, timeout=120)
+    result = run_ppo(["--env-id", "Pendulum-v1", *args, "--quiet"], tmp_path, timeout=120)
     assert result.returncode == 2
     lines = [line for line in result.stderr.strip().splitlines() if line.strip() and "WARNING" not in line]
     assert len(lines) == 1, result.stderr
