@@ -57,6 +57,7 @@ def run_on_node(job: dict) -> dict:
         "host": socket.gethostname(),
     }
     print(f"learning.py: {job['label']} running on {node['host']} (node {node['node_id'][:8]})", flush=True)
+    take_back_sigint()
     repo = os.getcwd()  # the job's working_dir: this repo, as uploaded
     if job["storage"] and not os.path.isdir(os.path.join(job["storage"], "runs")):
         message = f"--storage {job['storage']} is not there on {node['host']}: mount it on every node"
@@ -89,6 +90,16 @@ def run_on_node(job: dict) -> dict:
             lease.drop()
         if not job["storage"]:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def take_back_sigint() -> None:
+    """(In a Ray worker.) A Ray started with SIGINT ignored (`ray start` from a background job or nohup) passes that on
+    to its workers, and ray.cancel's KeyboardInterrupt, which arrives as a SIGINT, is then dropped: the trainer would
+    never hear of a cancelled sweep. Take the signal back while the task runs (tasks run in the worker's main
+    thread)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        with contextlib.suppress(ValueError):  # not the main thread: nothing to take back there
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 WORK_PREFIX = "learning_run_"  # a run's temporary folder on a node: learning_run_<pid of its Ray worker>_<random>
