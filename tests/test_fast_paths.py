@@ -83,7 +83,7 @@ def loss_inputs(seed: int, n: int = 64, dtype=torch.float64) -> dict:
     return minibatch, per_sample
 
 
-def fast_update_for(agent: ppo_continuous.Agent, lr: float = 1e-3) -> fast_paths.FastPaths:
+def fast_update_for(agent: ppo_continuous.Agent, lr: float = 1e-3) -> tuple[torch.optim.Adam, fast_paths.FastPaths]:
     optimizer = torch.optim.Adam(agent.parameters(), lr=lr, eps=1e-5)
     return optimizer, fast_paths.FastPaths(True, fast_paths.StackedUpdate(agent, optimizer))
 

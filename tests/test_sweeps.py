@@ -170,27 +170,22 @@ def test_a_node_lost_mid_sweep_costs_only_a_retry(tmp_path):
 
 
 @pytest.fixture
-def cluster_started_ignoring_sigint():
-    """A cluster whose nodes were started with SIGINT ignored, as `ray start` from a background job or nohup is: its
-    workers inherit that (pytest ignores Ctrl-C meanwhile)."""
-    from ray.cluster_utils import Cluster
-
+def sigint_ignored():
+    """SIGINT ignored in this process while the test runs (pytest ignores Ctrl-C meanwhile): a cluster started after
+    it has nodes that ignore SIGINT, as `ray start` from a background job or nohup has, and their workers inherit
+    that."""
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-        try:
-            yield cluster
-        finally:
-            cluster.shutdown()
+        yield
     finally:
         signal.signal(signal.SIGINT, previous)
 
 
-def test_ctrl_c_keeps_finished_runs_and_storage_runs_resume(tmp_path, cluster_started_ignoring_sigint):
+def test_ctrl_c_keeps_finished_runs_and_storage_runs_resume(tmp_path, sigint_ignored, cluster):
     """With --storage (here a folder both nodes of this machine see), Ctrl-C stops the sweep; the run that had
     finished stays, the interrupted ones leave checkpoints, and the next invocation resumes them. The nodes ignore
-    SIGINT, as those of a `ray start` from a background job do: the cancelled task must still reach its trainer."""
-    cluster = cluster_started_ignoring_sigint
+    SIGINT, as those of a `ray start` from a background job do: the cancelled task must still reach its trainer.
+    (sigint_ignored comes before cluster in the signature: pytest sets up fixtures of one scope in that order.)"""
     cluster.add_node(num_cpus=2)
     cluster.wait_for_nodes()
     storage = tmp_path / "shared"
