@@ -59,6 +59,12 @@ def save_atomic(obj: dict, path: str) -> None:
     os.replace(tmp, path)
 
 
+def saved_weights(state_dict: dict) -> dict:
+    """The Agent's own parameter names: a torch.compile'd Agent's state_dict (saved by an edited copy) prefixes each
+    with _orig_mod."""
+    return {key.removeprefix("_orig_mod."): value for key, value in state_dict.items()}
+
+
 def load_checkpoint(path: str) -> dict:
     if not os.path.isfile(path):
         raise UsageError(f"checkpoint not found: {path}")
@@ -78,7 +84,7 @@ def policy_state(agent, obs_rms: RunningMeanStd, args, global_step: int) -> dict
     statistics, the action bounds) and to know how it was trained (the flags)."""
     bounds = getattr(agent, "action_bounds", None)
     return {
-        "agent": agent.state_dict(),
+        "agent": saved_weights(getattr(agent, "_orig_mod", agent).state_dict()),
         "agent_args": [agent.obs_dim, agent.act_dim, getattr(agent, "discrete", False)],
         "obs_layout": agent.obs_layout,
         "action_bounds": None if bounds is None else [torch.as_tensor(b) for b in bounds],
@@ -89,11 +95,9 @@ def policy_state(agent, obs_rms: RunningMeanStd, args, global_step: int) -> dict
 
 
 def training_checkpoint(learner, args, state: RunState, wall_time: float) -> dict:
-    """A checkpoint.pt: the saved model plus what a resumed run needs to continue exactly. The optimizer's state is
-    torch.optim's state_dict, from whichever path ran the steps (fast_paths.StackedUpdate writes the same format)."""
+    """A checkpoint.pt: the saved model plus what a resumed run needs to continue exactly."""
     checkpoint = policy_state(learner.agent, learner.obs_rms, args, state.global_step)
-    fast_update = learner.fast.update
-    checkpoint["optimizer"] = learner.optimizer.state_dict() if fast_update is None else fast_update.state_dict()
+    checkpoint["optimizer"] = learner.optimizer.state_dict()
     checkpoint["return_rms"] = learner.return_rms.state_dict()
     checkpoint["iteration"] = state.iteration
     checkpoint["run_name"] = args.run_name
@@ -104,11 +108,13 @@ def training_checkpoint(learner, args, state: RunState, wall_time: float) -> dic
 
 
 def restore_training(ckpt: dict, learner, path: str) -> RunState:
-    """Load a checkpoint.pt into the learner (before its fast paths are chosen: they take the optimizer's state)."""
+    """Load a checkpoint.pt into the learner."""
     try:
-        learner.agent.load_state_dict(ckpt["agent"])
+        getattr(learner.agent, "_orig_mod", learner.agent).load_state_dict(saved_weights(ckpt["agent"]))
         learner.obs_rms.load_state_dict(ckpt["obs_rms"])
         learner.optimizer.load_state_dict(ckpt["optimizer"])
+        for group in learner.optimizer.param_groups:  # a checkpoint from before the schedule kept each group's own
+            group.setdefault("initial_lr", float(ckpt["args"]["learning_rate"]))
         learner.return_rms.load_state_dict(ckpt["return_rms"])
         torch.set_rng_state(ckpt["torch_rng"])
         return RunState(
@@ -137,7 +143,7 @@ def agent_from_checkpoint(ckpt: dict, path: str, script) -> tuple:
         else:
             agent = script.Agent(int(obs_dim), int(act_dim))
         obs_rms = RunningMeanStd(shape=(int(obs_dim),))
-        agent.load_state_dict(ckpt["agent"])
+        agent.load_state_dict(saved_weights(ckpt["agent"]))
         agent.obs_layout = ckpt.get("obs_layout")
         if ckpt.get("action_bounds") is not None:
             agent.action_bounds = [b.numpy() for b in ckpt["action_bounds"]]
@@ -165,6 +171,7 @@ MACHINE_FLAGS = {
     "torch_threads",
     "cuda",
     "fast_path",
+    "compile",
 }
 RUN_LENGTH_FLAGS = {"total_timesteps", "run_name", "eval_episodes", "checkpoint_every", "save_model", "guard_patience"}
 COMPUTED_FLAGS = {"batch_size", "minibatch_size", "num_iterations", "num_envs"}

@@ -597,8 +597,8 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple, run_dir: str, devic
     for key in ("dropped_rollouts", "actor_restarts", "lost_rollouts", "discarded_rollouts"):
         state.counters.setdefault(key, 0)
     decoupled = args.stale_correction == "decoupled"
-    # The fast paths compute a Gaussian policy: Discrete actions take the plain path without checking them
-    ppo.start_fast_paths(learner, dataclasses.replace(args, fast_path=args.fast_path and not discrete), loss_settings)
+    # The numpy actor computes a Gaussian policy: Discrete actions act with torch without checking it
+    ppo.start_fast_paths(learner, args, numpy_acting=not discrete)
     writer = tensorboard_writer(args, run_dir, resumed_at=state.global_step if args.resume else None)
     monitor = Monitor(args, writer, state, act_dim, learner.fast)
     actor_nodes: set[str] = set()

@@ -8,9 +8,11 @@ statistics are saved with the policy and frozen at evaluation, a numerical guard
 checkpointed, interrupted (Ctrl-C or SIGTERM) and resumed.
 
 The file reads top to bottom as the algorithm: flags, env, agent, acting, the rollout, advantages with the guard, the
-update, the training loop and its logging. The math lives in gae.py. fast_paths.py holds accelerators of acting and of
-the update that stand in where they prove equal to Agent and gae.ppo_loss; checkpoints.py and run_management.py hold
-what makes a run safe to interrupt, resume and compare.
+update, the training loop and its logging. The math lives in gae.py. The update runs the code on this page: every
+gradient is autograd's through Agent and gae.ppo_loss (compiled with torch.compile where it compiles), and every step is
+the optimizer's that make_learner built. fast_paths.py holds the one mirror, a numpy copy of acting that is audited on
+every rollout, and says when the compiled gradient cannot stand in; checkpoints.py and run_management.py hold what
+makes a run safe to interrupt, resume and compare.
 """
 
 from __future__ import annotations
@@ -30,7 +32,16 @@ from torch.distributions import Distribution, Independent, Normal
 import checkpoints
 import gae
 from checkpoints import RunState, UsageError, restore_training, resume_checkpoint, save_atomic, training_checkpoint
-from fast_paths import FastPaths, NumpyActor, audit_acting, choose_fast_paths
+from fast_paths import (
+    FastPaths,
+    NumpyActor,
+    acting_blockers,
+    audit_acting,
+    check_acting,
+    compile_blockers,
+    failure,
+    say,
+)
 from run_management import (
     PROG,
     Monitor,
@@ -142,8 +153,11 @@ class Args:
     """numerical guard: stop the run after this many bad batches in a row (a non-finite loss or gradient, or a
     batch of which under half is usable)"""
     fast_path: bool = True
-    """use the fast paths (numpy acting, the stacked update) where they prove equal to Agent and gae.ppo_loss, at
-    start-up and on every iteration's own data (see fast_paths.py); --no-fast-path runs everything the plain way"""
+    """act with the numpy mirror of the actor where it matches TorchActor (checked at start-up and on every rollout)
+    and compile the gradient (--compile); --no-fast-path acts with torch and trains with loss.backward()"""
+    compile: bool = True
+    """compile the minibatch's loss and gradient with torch.compile (cached on disk; eager where it cannot, with one
+    line); --no-compile: loss.backward(), the same gradient without the compile's start-up"""
 
     # to be filled in runtime
     batch_size: int = 0
@@ -211,7 +225,8 @@ def check_spaces(env_id: str, env: gym.Env) -> tuple[int, int]:
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Agent: separate 64-64 tanh actor and critic, a Gaussian policy with a state-independent log-std.
-# This is the one definition of the network and the policy; fast_paths.py checks its accelerators against it.
+# This is the one definition of the network and the policy: the update differentiates it, the numpy actor is checked
+# against TorchActor, which acts with it.
 # ---------------------------------------------------------------------------------------------------------------------
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
     torch.nn.init.orthogonal_(layer.weight, std)
@@ -261,7 +276,7 @@ class Agent(nn.Module):
 
 class TorchActor:
     """Acting: Agent.get_distribution on a batch of observations, the action drawn from the rollout's own noise.
-    (fast_paths.NumpyActor, with the same methods, stands in where it matches.)"""
+    (fast_paths.NumpyActor, with the same methods, stands in where it acts as this does, audited on every rollout.)"""
 
     def __init__(self, agent: Agent):
         self.agent = agent
@@ -350,12 +365,15 @@ class Sampler:
         return self.rng.standard_normal((*shape, *self.action_space.shape))
 
     def set_policy(self, weights: dict[str, np.ndarray]) -> None:
-        """`weights`: policy_weights, the agent's numpy state dict plus the learner's observation statistics and
-        whether its numpy fast path matched. The sampler keeps an Agent of its own to act with, or to mirror."""
+        """`weights`: policy_weights, the agent's numpy state dict and plain attributes, the learner's observation
+        statistics and whether its numpy fast path matched. The sampler keeps an Agent of its own to act with, or to
+        mirror."""
         if self.agent is None:
             with torch.random.fork_rng(devices=[]):  # the learner's random stream must not depend on where this runs
                 self.agent = self.make_agent()
         self.agent.load_state_dict({key: torch.tensor(weights[key]) for key in self.agent.state_dict()})
+        for name, value in weights["agent_attributes"].items():  # a flag the learner's Agent was given mid-run, say
+            setattr(self.agent, name, value)
         self.policy = self.make_actor(bool(weights["fast_acting"]))
         if self.norm_obs:
             self.obs_mean = weights["obs_mean"]
@@ -380,13 +398,13 @@ class Sampler:
         return gae.finite_moments(np.concatenate(seen))
 
     def rollout(self, num_steps: int) -> dict[str, np.ndarray]:
-        """One rollout. A numpy actor is audited on the observations it acted on (fast_paths.audit_acting): where it
-        acted otherwise than Agent, its rollout is discarded (its steps and episodes still count) and sampled again
-        acting with torch, for PPO's ratio must be anchored to the policy that acted."""
+        """One rollout. A numpy actor is audited on the observations and noise it acted with (audit_acting): where it
+        acted otherwise than TorchActor, its rollout is discarded (its steps and episodes still count) and sampled
+        again acting with torch, for PPO's ratio must be anchored to the policy that acted."""
         rollout = self.sample(num_steps)
         if not rollout["acting_problem"]:
             return rollout
-        self.policy = TorchActor(self.agent)
+        self.policy = self.make_actor(False)
         again = self.sample(num_steps)
         again["env_steps"] += rollout["env_steps"]
         for key in ("episode_returns", "episode_lengths"):
@@ -423,7 +441,7 @@ class Sampler:
         logprobs = self.policy.log_prob(obs, actions, noise).astype(np.float32)
         audit, problem = np.nan, None
         if isinstance(self.policy, NumpyActor):  # audited on the observations as acted (before NaN rows are marked)
-            audit, problem = audit_acting(self.policy, self.agent, obs, actions, logprobs)
+            audit, problem = audit_acting(self.policy, self.make_actor(False), obs, noise, actions, logprobs)
         obs[~np.isfinite(raw_obs[:num_steps]).all(axis=-1)] = np.nan
         ended = terminations | truncations
         episode_returns, episode_lengths = self.finished_episodes(rewards, ended)
@@ -476,7 +494,7 @@ class Sampler:
 @dataclass
 class Learner:
     """What a run trains and saves: the agent, its optimizer, the running statistics of the observations and of the
-    discounted return, and the fast paths that stand in for acting and the update (none until start_fast_paths)."""
+    discounted return, and which way acting and the gradient run (start_fast_paths)."""
 
     agent: Agent
     optimizer: optim.Optimizer
@@ -487,7 +505,8 @@ class Learner:
 
 def make_learner(args: Args, agent: Agent, device: torch.device) -> Learner:
     agent = agent.to(device)
-    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    # fused: one kernel steps every parameter (the for-loop default launches several ops per parameter)
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     return Learner(agent, optimizer, gae.RunningMeanStd(shape=(agent.obs_dim,)), gae.RunningMeanStd(shape=()))
 
 
@@ -502,18 +521,60 @@ def loss_settings(args: Args, ent_coef: float) -> dict:
     )
 
 
-def start_fast_paths(learner: Learner, args: Args, settings=loss_settings) -> None:
-    """Check the fast paths against Agent, gae.ppo_loss and the optimizer, with the loss settings of every entropy
-    coefficient the run will use (fast_paths.py); the run uses those that match."""
-    ent_coefs = {args.ent_coef} if args.ent_coef_final is None else {args.ent_coef, args.ent_coef_final}
-    loss_kwargs = [settings(args, ent_coef) for ent_coef in sorted(ent_coefs)]
-    plain = (PlainUpdate, clip_gradients)
-    learner.fast = choose_fast_paths(learner.agent, learner.optimizer, loss_kwargs, args.fast_path, plain)
+def start_fast_paths(learner: Learner, args: Args, numpy_acting: bool = True) -> None:
+    """Which way acting and the gradient run, said in one line for each part that cannot run fast: the numpy actor
+    where it acts as TorchActor does (fast_paths.check_acting; `numpy_acting` False: a policy it does not compute,
+    DPPO's Discrete one), the compiled gradient where nothing in the Agent stops it (fast_paths.compile_blockers)."""
+    fast = FastPaths()
+    agent = unwrapped(learner.agent)
+    acting_problem = None
+    if args.fast_path and numpy_acting:
+        acting_problem = acting_blockers(agent)
+        if acting_problem is None:
+            with torch.random.fork_rng(devices=[]):  # the check runs the user's code; the run's stream must not move
+                acting_problem = check_acting(agent, TorchActor)
+        fast.acting = acting_problem is None
+    fast.used["acting"] = "numpy (NumpyActor, audited against TorchActor)" if fast.acting else "torch (TorchActor)"
+    if acting_problem:
+        say(f"fast acting off: {acting_problem}; acting with torch through TorchActor")
+    compile_problem = "--no-fast-path" if not args.fast_path else "--no-compile" if not args.compile else None
+    if compile_problem is None:
+        compile_problem = compile_blockers(agent)
+        if compile_problem is not None:
+            say(f"compiled gradient off: {compile_problem}; training with loss.backward()")
+    if compile_problem is None:
+        fast.compiled = compiled_gradients(agent, fast)
+    compiled = "torch.compile of torch.func.grad through Agent and gae.ppo_loss"
+    fast.used["gradient"] = compiled if fast.compiled else f"loss.backward() ({compile_problem})"
+    fast.used["optimizer step"] = f"{type(learner.optimizer).__module__}.{type(learner.optimizer).__name__}.step()"
+    learner.fast = fast
+    dropped = [name for name, value in vars(agent).items() if not name.startswith("_") and not plain_value(value)]
+    if dropped:
+        say(f"the samplers' copies of Agent do not carry its attribute {dropped[0]} (only numbers, strings and arrays)")
+
+
+def unwrapped(agent: nn.Module) -> nn.Module:
+    """The Agent itself, where a user wrapped it in torch.compile (an OptimizedModule keeps it as _orig_mod)."""
+    return getattr(agent, "_orig_mod", agent)
+
+
+def plain_value(value) -> bool:
+    """Whether an attribute is plain data that a sampler's copy can carry (and Ray can send)."""
+    if isinstance(value, (list, tuple)):
+        return all(plain_value(v) for v in value)
+    return value is None or isinstance(value, (bool, int, float, str, np.ndarray))
 
 
 def policy_weights(learner: Learner) -> dict[str, np.ndarray]:
-    """What a sampler acts with: the numpy weights, the observation statistics and which way to act."""
-    weights = learner.agent.numpy_weights()
+    """What a sampler acts with: the numpy weights, the Agent's plain attributes (a flag set during the run, say), the
+    observation statistics and which way to act."""
+    agent = unwrapped(learner.agent)
+    weights = agent.numpy_weights()
+    weights["agent_attributes"] = {
+        name: value
+        for name, value in vars(agent).items()
+        if not name.startswith("_") and name != "training" and plain_value(value)
+    }
     weights["obs_mean"] = learner.obs_rms.mean.copy()
     weights["obs_var"] = learner.obs_rms.var.copy()
     weights["fast_acting"] = np.array(learner.fast.acting)
@@ -521,11 +582,13 @@ def policy_weights(learner: Learner) -> dict[str, np.ndarray]:
 
 
 def anneal(optimizer: optim.Optimizer, args: Args, iteration: int) -> float:
-    """Set this iteration's learning rate (CleanRL's linear schedule); return its entropy coefficient."""
+    """Set this iteration's learning rates (CleanRL's linear schedule, each parameter group from its own first rate);
+    return its entropy coefficient."""
     frac = 1.0 - (iteration - 1.0) / args.num_iterations
     if args.anneal_lr:
         for group in optimizer.param_groups:
-            group["lr"] = frac * args.learning_rate
+            group.setdefault("initial_lr", group["lr"])  # the key torch's own schedulers keep it under
+            group["lr"] = frac * group["initial_lr"]
     if args.ent_coef_final is None:
         return args.ent_coef
     return args.ent_coef_final + frac * (args.ent_coef - args.ent_coef_final)
@@ -594,59 +657,99 @@ def prepare_batch(learner: Learner, rollout: dict, args: Args) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 # The update: the PPO epochs, as CleanRL writes them
 # ---------------------------------------------------------------------------------------------------------------------
-class PlainUpdate:
-    """One minibatch's gradient step, the plain way: the loss through Agent.evaluate and gae.ppo_loss, its gradient by
-    autograd, then the optimizer's step. (fast_paths.StackedUpdate, with the same methods, stands in where it
-    matches.)"""
+def minibatch_loss(agent: Agent, minibatch: dict, loss_kwargs: dict) -> gae.PPOLoss:
+    """gae.ppo_loss of one minibatch through Agent.evaluate: what every gradient step minimizes."""
+    new_logprob, entropy, new_value = agent.evaluate(minibatch["obs"], minibatch["actions"])
+    return gae.ppo_loss(
+        new_logprob,
+        minibatch["logprobs"],
+        minibatch["advantages"],
+        new_value,
+        minibatch["values"],
+        minibatch["returns"],
+        entropy,
+        behaviour_logprob=minibatch.get("behaviour_logprobs"),
+        **loss_kwargs,
+    )
 
-    def __init__(self, agent: Agent, optimizer: optim.Optimizer):
+
+def backward(agent: Agent, minibatch: dict, loss_kwargs: dict) -> gae.PPOLoss:
+    """The minibatch's loss, its gradient left in every parameter's .grad by loss.backward() through the live Agent."""
+    stats = minibatch_loss(agent, minibatch, loss_kwargs)
+    agent.zero_grad()
+    stats.loss.backward()
+    return stats
+
+
+class LossModule(nn.Module):
+    """minibatch_loss as a module around the Agent, so that torch.func.functional_call runs it with the parameters
+    passed in (its outputs: the loss and PPOLoss's tensor fields, which torch.func's aux must be)."""
+
+    def __init__(self, agent: Agent):
+        super().__init__()
         self.agent = agent
-        self.optimizer = optimizer
 
-    def loss_and_gradients(self, minibatch: dict, **loss_kwargs) -> gae.PPOLoss:
-        new_logprob, entropy, new_value = self.agent.evaluate(minibatch["obs"], minibatch["actions"])
-        stats = gae.ppo_loss(
-            new_logprob,
-            minibatch["logprobs"],
-            minibatch["advantages"],
-            new_value,
-            minibatch["values"],
-            minibatch["returns"],
-            entropy,
-            behaviour_logprob=minibatch.get("behaviour_logprobs"),
-            **loss_kwargs,
-        )
-        self.optimizer.zero_grad()
-        stats.loss.backward()
-        return stats
-
-    def gradients(self) -> list[torch.Tensor]:
-        return [p.grad for p in self.agent.parameters() if p.grad is not None]
-
-    def step(self) -> None:
-        self.optimizer.step()
+    def forward(self, minibatch: dict, loss_kwargs: dict) -> tuple[torch.Tensor, dict]:
+        stats = minibatch_loss(self.agent, minibatch, loss_kwargs)
+        return stats.loss, {key: value for key, value in stats._asdict().items() if isinstance(value, torch.Tensor)}
 
 
-def clip_gradients(gradients: list[torch.Tensor], max_norm: float) -> float:
-    """nn.utils.clip_grad_norm_'s clip, in place: scale the gradients so that their global norm is at most max_norm;
-    returns the norm before clipping (a NaN norm falls through to the caller's guard)."""
-    norms = [torch.linalg.vector_norm(g) for g in gradients]
-    norm = (norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))).item()
-    if norm > max_norm:
-        for g in gradients:
-            g.mul_(max_norm / (norm + 1e-6))
-    return norm
+def compiled_gradients(agent: Agent, fast: FastPaths):
+    """`backward`, compiled: the same loss and gradient (torch.func.grad of minibatch_loss with respect to the Agent's
+    parameters) traced by torch.compile into one graph, far fewer ops than autograd's per-op dispatch. Returns a
+    function like `backward`; if compiling fails (no C++ compiler for inductor, code it cannot trace) `fast` records
+    why, with one line, and it trains with `backward` from then on."""
+    loss_module = LossModule(agent)
+
+    def gradient_and_fields(params: dict, minibatch: dict, loss_kwargs: dict) -> tuple[dict, dict]:
+        # The loss settings stay outside torch.func's arguments, where torch.compile would specialize on each value
+        # (an annealed entropy coefficient would recompile every iteration)
+        def loss_of(params: dict) -> tuple[torch.Tensor, dict]:
+            return torch.func.functional_call(loss_module, params, (minibatch, loss_kwargs))
+
+        return torch.func.grad(loss_of, has_aux=True)(params)
+
+    compiled = torch.compile(gradient_and_fields, fullgraph=True)
+
+    def gradients(agent: Agent, minibatch: dict, loss_kwargs: dict) -> gae.PPOLoss:
+        if fast.compiled is None:
+            return backward(agent, minibatch, loss_kwargs)
+        params = {f"agent.{name}": param for name, param in agent.named_parameters()}
+        try:
+            grads, fields = compiled({name: p.detach() for name, p in params.items()}, minibatch, loss_kwargs)
+        except Exception as e:  # noqa: BLE001 (the eager gradient is the same; an error of the user's code recurs there)
+            fast.compiled = None
+            fast.step_aside("gradient", fast.iteration, f"torch.compile failed ({failure(e)})", "loss.backward()")
+            return backward(agent, minibatch, loss_kwargs)
+        for name, param in params.items():
+            param.grad = grads[name]
+        return gae.PPOLoss(**fields, clip_coef=loss_kwargs["clip_coef"])
+
+    return gradients
+
+
+def update_gradients(learner: Learner, iteration: int):
+    """This update's gradient function: the compiled one while nothing in the Agent stops it (checked before every
+    update, so a hook registered during the run counts from the next), else `backward`."""
+    fast = learner.fast
+    fast.iteration = iteration
+    if fast.compiled is not None:
+        problem = compile_blockers(unwrapped(learner.agent))
+        if problem is not None:
+            fast.compiled = None
+            fast.step_aside("gradient", iteration, problem, "loss.backward()")
+    return fast.compiled or backward
 
 
 def ppo_update(learner: Learner, batch: dict, args: Args, loss_kwargs: dict, iteration: int) -> tuple[dict, str | None]:
-    """--update-epochs passes over shuffled minibatches of the samples the guard kept. Returns the statistics of the
-    last minibatch (as CleanRL logs them) and a problem string when the loss or a gradient went non-finite."""
+    """--update-epochs passes over shuffled minibatches of the samples the guard kept: the gradient of each
+    (autograd's, compiled or by loss.backward()), clipped by its global norm, then the optimizer's step. Returns the
+    statistics of the last minibatch (as CleanRL logs them) and a problem string when the loss or a gradient went
+    non-finite."""
     kept = len(batch["advantages"])
     if kept < batch["size"] / 2:
         return {}, f"only {kept} of {batch['size']} samples are usable (NaN/inf data or outlier advantages)"
-    plain = PlainUpdate(learner.agent, learner.optimizer)
-    # The stacked update where it matches autograd on a minibatch of this very batch (fast_paths.py), else autograd
-    update = learner.fast.audited_update(batch, args.minibatch_size, loss_kwargs, plain, iteration) or plain
+    gradients = update_gradients(learner, iteration)
     columns = [key for key, value in batch.items() if isinstance(value, torch.Tensor)]
     ratios = []
     for epoch in range(args.update_epochs):
@@ -655,13 +758,14 @@ def ppo_update(learner: Learner, batch: dict, args: Args, loss_kwargs: dict, ite
             if len(mb_inds) == 0:  # more minibatches than samples kept
                 continue
             minibatch = {key: batch[key][mb_inds] for key in columns}
-            stats = update.loss_and_gradients(minibatch, **loss_kwargs)
+            stats = gradients(learner.agent, minibatch, loss_kwargs)
             loss = stats.loss.item()  # the guard must see it before the step
             if not math.isfinite(loss) or abs(loss) > args.guard_max_abs:
                 return {}, f"loss {loss:.3g} in epoch {epoch + 1}"
-            if not math.isfinite(clip_gradients(update.gradients(), args.max_grad_norm)):
+            grad_norm = nn.utils.clip_grad_norm_(learner.agent.parameters(), args.max_grad_norm, foreach=True)
+            if not math.isfinite(grad_norm.item()):
                 return {}, f"non-finite gradient in epoch {epoch + 1}"
-            update.step()
+            learner.optimizer.step()
             ratios.append(stats.ratio.detach())
         if args.target_kl is not None and stats.approx_kl > args.target_kl:
             break

@@ -91,33 +91,6 @@ def quiet_mujoco_log() -> None:
     mujoco.set_mju_user_warning(mujoco_warning)
 
 
-def defer_dynamo_import() -> None:
-    """torch.optim.Optimizer wraps add_param_group, state_dict, load_state_dict and zero_grad in torch._disable_dynamo,
-    which imports torch._dynamo (torch.compile's tracer, with sympy) on their first call, only to keep a compiler out
-    of them. Building the Adam of make_learner would pay that import at every start-up, though nothing compiles. While
-    torch._dynamo is not imported no frame can be compiling, so these calls go straight to the method; once something
-    imports it (torch.compile in an edited copy, or optimizer.step on the plain path), torch's own wrapper takes over.
-    A torch without this private hook is left as it is."""
-    for name in ("add_param_group", "state_dict", "load_state_dict", "zero_grad"):
-        method = getattr(torch.optim.Optimizer, name)
-        inner = getattr(method, "__wrapped__", None)
-        if inner is None or getattr(inner, "__dynamo_disable", None) is not None or "torch._dynamo" in sys.modules:
-            continue
-        setattr(inner, "__dynamo_disable", direct_until_dynamo(method, inner))
-
-
-def direct_until_dynamo(method, inner):
-    """Call `inner` as it is until torch._dynamo is imported, then hand back to torch's wrapper `method`."""
-
-    def call(*args, **kwargs):
-        if "torch._dynamo" in sys.modules:
-            delattr(inner, "__dynamo_disable")  # the wrapper builds its dynamo-disabled call on the next line
-            return method(*args, **kwargs)
-        return inner(*args, **kwargs)
-
-    return call
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # A run: what it is (run.json), seeding, its folder and writer, Ctrl-C/SIGTERM
 # ---------------------------------------------------------------------------------------------------------------------
@@ -501,7 +474,6 @@ def cli(args_type: type, validate, train, script, machine_flags: set[str] = MACH
     module whose Agent a checkpoint to evaluate was trained with. `machine_flags`: the flags a resumed run may change
     besides checkpoints.MACHINE_FLAGS (a script's own ways of using the machine)."""
     args = tyro.cli(args_type)
-    defer_dynamo_import()
     sys.path.insert(0, os.getcwd())  # `--env-id module:EnvId` finds the module in the working directory, as python -m
     try:
         if args.resume and not args.eval_checkpoint:  # both together are refused by validate()

@@ -105,7 +105,6 @@ EDITS = {
             "        action_mean = torch.tanh(self.actor_mean(x))",
         )
     ],
-    # Not in the list: edits that keep a fast path on
     "silu_wider": [
         (
             "ppo_continuous.py",
@@ -125,8 +124,8 @@ EDITS = {
             "optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-7, betas=(0.8, 0.99))",
         )
     ],
-    # Edits the start-up check cannot see, which the audit on the run's own data must catch (tests/test_edits.py
-    # runs the first two with --no-norm-obs, so that Pendulum's angular velocity reaches past 5)
+    # Edits of acting the start-up check cannot see, which the audit on the run's own data must catch
+    # (tests/test_edits.py runs the first two with --no-norm-obs, so that Pendulum's angular velocity reaches past 5)
     "input_clamp": [
         (
             "ppo_continuous.py",
@@ -135,16 +134,11 @@ EDITS = {
         ),
         ("ppo_continuous.py", GET_DISTRIBUTION, GET_DISTRIBUTION + "        x = x.clamp(-5, 5)\n"),
     ],
-    "drift_beyond_4": [  # both fast paths, mirrored wrongly for inputs beyond 4 only
+    "drift_beyond_4": [  # the numpy actor, mirrored wrongly for inputs beyond 4 only
         (
             "fast_paths.py",
             "(lambda x: x @ weight + bias)",
             "(lambda x: np.where(np.abs(x) > 4, 1.01 * x, x) @ weight + bias)",
-        ),
-        (
-            "fast_paths.py",
-            "        h = obs.expand(2, *obs.shape)",
-            "        h = torch.where(obs.abs() > 4, 1.01 * obs, obs).expand(2, *obs.shape)",
         ),
     ],
     "std_floor": [  # reached only once training has driven the log-std down (the test's flags do that)
@@ -184,7 +178,7 @@ EDITS = {
         ("ppo_continuous.py", GAUSSIAN, MIXTURE),
         ("ppo_continuous.py", EVALUATE_RETURN, TANH_EVALUATE_RETURN.replace(".clamp(-1 + 1e-6, 1 - 1e-6)", "")),
     ],
-    # Loss edits: the stacked update derives their gradient by autograd (throughput.py measures these two)
+    # Loss edits (throughput.py measures these two)
     "dual_clip": [
         (
             "gae.py",
@@ -201,32 +195,102 @@ EDITS = {
         )
     ],
 }
-# Which fast paths stay on after each edit: (acting, update)
+# The seams between the code a researcher edits and what trains: each must train as written on both paths
+SEAMS = {
+    # the optimizer's own step takes every step: a step hook, its state, what the loop does to .grad and .data
+    "optimizer_step_hook": [
+        (
+            "ppo_continuous.py",
+            "    return Learner(agent, optimizer, ",
+            "    optimizer.register_step_post_hook(lambda opt, args, kwargs: [p.data.clamp_(-0.5, 0.5) "
+            "for p in agent.parameters()])\n    return Learner(agent, optimizer, ",
+        )
+    ],
+    "optimizer_state_cleared": [
+        (
+            "ppo_continuous.py",
+            "            ent_coef = anneal(learner.optimizer, args, iteration)\n",
+            "            ent_coef = anneal(learner.optimizer, args, iteration)\n"
+            "            learner.optimizer.state.clear()\n",
+        )
+    ],
+    "gradient_rebound": [
+        (
+            "ppo_continuous.py",
+            "            learner.optimizer.step()\n",
+            "            for p in learner.agent.parameters():\n                p.grad = p.grad * 0.5 + 0.001\n"
+            "            learner.optimizer.step()\n",
+        )
+    ],
+    "data_rebound": [
+        (
+            "ppo_continuous.py",
+            "            learner.optimizer.step()\n",
+            "            learner.optimizer.step()\n            for p in learner.agent.parameters():\n"
+            "                p.data = p.data.clamp(-0.3, 0.3)\n",
+        )
+    ],
+    # acting: TorchActor is what the numpy actor is checked against
+    "torch_actor_noise": [
+        (
+            "ppo_continuous.py",
+            "                return (gaussian.loc + gaussian.scale * torch.from_numpy(noise)",
+            "                return (gaussian.loc + 0.5 * gaussian.scale * torch.from_numpy(noise)",
+        )
+    ],
+    # the loss, in its clipped region only: a dual clip of the ratio from above, binding once ratios leave 1
+    "upper_clip_only": [
+        (
+            "gae.py",
+            "    surrogate = torch.max(unclipped, clipped)\n",
+            "    surrogate = torch.max(unclipped, clipped)\n"
+            "    surrogate = torch.where(ratio > 1.0 + 2 * clip_coef, surrogate.detach(), surrogate)\n",
+        )
+    ],
+    "module_forward_hook": [
+        (
+            "ppo_continuous.py",
+            "        self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))\n",
+            "        self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))\n"
+            "        self.critic.register_forward_hook(lambda module, inputs, output: output * 0.5)\n",
+        )
+    ],
+}
+EDITS |= SEAMS
+
+# Which way each part runs after each edit: (numpy acting, compiled gradient)
 EXPECTED = {
     "relu": (True, True),
     "third_hidden_layer": (True, True),
-    "layer_norm": (True, False),  # numpy runs the LayerNorm layers in torch; the stacked update cannot
-    "state_dependent_std": (False, False),
-    "extra_loss_term": (True, True),  # the loss's gradient derived by autograd
-    "shared_trunk": (False, False),
-    "sgd": (True, False),
-    "tanh_mean": (False, False),
+    "layer_norm": (True, True),  # numpy runs the LayerNorm layers in torch
+    "state_dependent_std": (False, True),
+    "extra_loss_term": (True, True),
+    "shared_trunk": (False, True),
+    "sgd": (True, True),
+    "tanh_mean": (False, True),
     "silu_wider": (True, True),
     "adam_betas": (True, True),
-    "input_clamp": (False, False),  # at iteration 1, by the audit
-    "drift_beyond_4": (False, False),  # at iteration 1, by the audit
-    "std_floor": (False, False),  # a few iterations in, by the audit
+    "input_clamp": (False, True),  # acting at iteration 1, by the audit
+    "drift_beyond_4": (False, True),  # at iteration 1, by the audit
+    "std_floor": (False, True),  # acting a few iterations in, by the audit
     "gradient_hook": (True, False),
     "dropout": (False, False),
-    "tanh_squashed": (False, False),
-    "dual_clip": (True, True),  # the loss's gradient derived by autograd
+    "tanh_squashed": (False, True),
+    "dual_clip": (True, True),
     "huber_value_loss": (True, True),
+    "optimizer_step_hook": (True, True),
+    "optimizer_state_cleared": (True, True),
+    "gradient_rebound": (True, True),
+    "data_rebound": (True, True),
+    "torch_actor_noise": (False, True),
+    "upper_clip_only": (True, True),
+    "module_forward_hook": (False, False),
 }
 # The parts that the audit moves to the plain path during the run (the others step aside at start-up, if at all)
 AUDITED = {
-    "input_clamp": {"acting", "update"},
-    "drift_beyond_4": {"acting", "update"},
-    "std_floor": {"acting", "update"},
+    "input_clamp": {"acting"},
+    "drift_beyond_4": {"acting"},
+    "std_floor": {"acting"},
 }
 
 

@@ -27,7 +27,7 @@ from tests.envs import cycle_values  # noqa: E402
 
 # The same rollout shape for both: ppo's 2 envs x 128 steps, DPPO's 2 actors x 1 env x 128 steps (in-process).
 SHAPE = {"ppo_continuous.py": ["--num-envs", "2"], "dppo_ray.py": ["--num-actors", "2", "--no-ray"]}
-COMMON = ["--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "4", "--quiet"]
+COMMON = ["--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "4", "--quiet", "--no-compile"]
 
 
 def run(script: str, args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -70,16 +70,17 @@ def test_models_of_either_script_evaluate_with_the_other(tmp_path):
 
 
 def test_a_discrete_action_model_evaluates_with_dppo_and_is_refused_by_ppo_in_one_line(tmp_path):
-    """DPPO trains Discrete actions (CartPole) on the plain path: the fast paths compute a Gaussian policy, so they are
-    off without a check and without a line about them. Its model evaluates with dppo_ray.py; ppo_continuous.py's Agent
-    builds no categorical policy, so its --eval-checkpoint refuses in one line that names the script to use."""
+    """DPPO trains Discrete actions (CartPole) acting with torch: the numpy actor computes a Gaussian policy, so it is
+    off without a check and without a line about it; the gradient is compiled as for any Agent. Its model evaluates
+    with dppo_ray.py; ppo_continuous.py's Agent builds no categorical policy, so its --eval-checkpoint refuses in one
+    line that names the script to use."""
     args = ["--env-id", "CartPole-v1", "--total-timesteps", "512", "--run-name", "d", "--save-model"]
-    trained = run("dppo_ray.py", [*args, "--eval-episodes", "1", *SHAPE["dppo_ray.py"], *COMMON], tmp_path)
+    trained = run("dppo_ray.py", [*args, "--eval-episodes", "1", *SHAPE["dppo_ray.py"], *COMMON, "--compile"], tmp_path)
     assert trained.returncode == 0, trained.stderr
-    assert "fast" not in trained.stderr, trained.stderr
+    assert "fast" not in trained.stderr and "compiled" not in trained.stderr, trained.stderr
     summary = json.loads((tmp_path / "runs" / "d" / "summary.json").read_text())
     used = summary["fast_paths"]
-    assert used["acting"].startswith("torch") and used["update"].startswith("autograd"), used
+    assert used["acting"].startswith("torch") and used["gradient"].startswith("torch.compile"), used
     assert summary["fast_path_switches"] == [] and summary["discarded_rollouts"] == 0
     model = tmp_path / "runs" / "d" / "dppo_ray.model"
     evaluated = run("dppo_ray.py", ["--eval-checkpoint", str(model), "--eval-episodes", "2"], tmp_path)

@@ -22,7 +22,7 @@ SCRIPT = REPO / "dppo_ray.py"
 
 CARTPOLE = ["--env-id", "CartPole-v1", "--num-actors", "2", "--num-envs-per-actor", "2", "--num-steps", "128"]
 CARTPOLE += ["--num-minibatches", "4", "--update-epochs", "4", "--learning-rate", "2.5e-4", "--ent-coef", "0.01"]
-CARTPOLE += ["--quiet"]
+CARTPOLE += ["--quiet", "--no-compile"]
 
 
 def run(args: list[str], cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -165,7 +165,7 @@ def test_killed_actor_is_restarted_and_the_run_completes(tmp_path):
     assert s["actor_restarts"] >= 1 and s["lost_rollouts"] >= 1
 
 
-FAULT = ["--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2", "--quiet"]
+FAULT = ["--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2", "--quiet", "--no-compile"]
 
 
 def last_line(text: str) -> str:
