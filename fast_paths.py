@@ -172,8 +172,11 @@ def audit_acting(actor: NumpyActor, plain_actor, obs: np.ndarray, noise: np.ndar
     beyond float noise (None otherwise)."""
     flat_obs = obs.reshape(-1, obs.shape[-1])
     flat_noise = noise.reshape(len(flat_obs), -1)
+    flat_actions = actions.reshape(len(flat_obs), -1)
     compared = {
-        "actions": (actions.reshape(len(flat_obs), -1), plain_actor.act(flat_obs, flat_noise)),
+        "actions": (flat_actions, plain_actor.act(flat_obs, flat_noise)),
+        # the noise-free part on its own scale: a small change of the mean hides in the noise of a whole action
+        "mean actions": (flat_actions - actor.std * flat_noise, plain_actor.act(flat_obs, np.zeros_like(flat_noise))),
         "log-probabilities of the actions taken": (logprobs, plain_actor.log_prob(obs, actions, noise)),
     }
     return worst_of(compared, "TorchActor on this rollout's observations")

@@ -93,7 +93,7 @@ EDITS = {
     "sgd": [
         (
             "ppo_continuous.py",
-            "optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)",
+            "optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)",
             "optim.SGD(agent.parameters(), lr=args.learning_rate, momentum=0.9)",
         )
     ],
@@ -120,7 +120,7 @@ EDITS = {
     "adam_betas": [
         (
             "ppo_continuous.py",
-            "optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)",
+            "optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)",
             "optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-7, betas=(0.8, 0.99))",
         )
     ],
@@ -145,14 +145,14 @@ EDITS = {
         (
             "ppo_continuous.py",
             "        action_std = self.actor_logstd.expand_as(action_mean).exp()",
-            "        action_std = self.actor_logstd.clamp(min=-1.0).expand_as(action_mean).exp()",
+            "        action_std = self.actor_logstd.clamp(min=-0.2).expand_as(action_mean).exp()",
         )
     ],
     "gradient_hook": [
         (
             "ppo_continuous.py",
-            "    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)\n",
-            "    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)\n"
+            "    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)\n",
+            "    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)\n"
             "    for p in agent.parameters():\n        p.register_hook(lambda g: g * 0.5)\n",
         )
     ],

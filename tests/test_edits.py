@@ -30,15 +30,15 @@ from edits import AUDITED, EDITS, EXPECTED, edited_copy  # noqa: E402
 RUN = ["--env-id", "Pendulum-v1", "--total-timesteps", "768", "--num-steps", "256", "--num-minibatches", "4"]
 RUN += ["--update-epochs", "2", "--save-model", "--eval-episodes", "1", "--quiet", "--checkpoint-every", "0"]
 # Flags that make an edit bind: raw Pendulum observations (angular velocity up to 8) for the input clamp and the
-# drift; a large learning rate and a negative entropy coefficient drive the log-std past the floor within a few
-# iterations (the start-up check's log-stds stay within about 0.4 of 0). A learning rate that large amplifies float
-# rounding on some seeds' data: on seed 1's, the first iteration's last losses end up to 0.8% apart although the audit
-# finds the two updates within 3e-7 on its minibatch; on seed 2's they stay within float noise (5e-6)
+# drift; a negative entropy coefficient drives the log-std down to the floor during the third iteration's update (the
+# start-up check's log-stds stay within about 0.4 of 0), so the compiled gradient meets the floor mid-update and the
+# acting audit at the next rollout; a learning rate large enough that ratios pass the upper clip's bound. (A learning
+# rate of 0.1 amplifies float rounding on Pendulum too: two runs of the same code part within two iterations.)
 FLAGS = {
     "upper_clip_only": ["--learning-rate", "0.01", "--update-epochs", "4"],  # ratios past 1.4 in the first iterations
     "input_clamp": ["--no-norm-obs"],
     "drift_beyond_4": ["--no-norm-obs"],
-    "std_floor": ["--total-timesteps", "1536", "--learning-rate", "0.1", "--ent-coef", "-1", "--seed", "2"],
+    "std_floor": ["--total-timesteps", "1536", "--learning-rate", "0.01", "--ent-coef", "-1", "--seed", "2"],
 }
 
 

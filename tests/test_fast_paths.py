@@ -41,7 +41,7 @@ def random_batch(n: int, obs_dim: int, act_dim: int, seed: int = 0) -> dict:
 
 
 def learner_with(agent: ppo_continuous.Agent, **flags) -> tuple[ppo_continuous.Learner, ppo_continuous.Args]:
-    args = ppo_continuous.Args(num_envs=1, num_steps=256, num_minibatches=4, update_epochs=2, **flags)
+    args = ppo_continuous.Args(**(dict(num_envs=1, num_steps=256, num_minibatches=4, update_epochs=2) | flags))
     ppo_continuous.validate_args(args)
     learner = ppo_continuous.make_learner(args, agent, torch.device("cpu"))
     ppo_continuous.start_fast_paths(learner, args)
@@ -80,7 +80,7 @@ def test_the_start_up_check_compares_with_torch_actor_itself():
     agent = perturbed_agent(5, 2)
     assert fast_paths.check_acting(agent, ppo_continuous.TorchActor) is None
     problem = fast_paths.check_acting(agent, HalfNoiseActor)
-    assert problem.startswith("its actions differ from TorchActor by"), problem
+    assert problem.startswith("its ") and " differ from TorchActor by " in problem, problem
 
 
 def tanh_gaussian(agent: ppo_continuous.Agent, x: torch.Tensor):
@@ -131,9 +131,9 @@ def test_the_acting_audit_catches_an_input_clamp_that_binds_only_on_real_observa
         obs = np.minimum(obs, 4.9) if not binds else obs
         relative, problem = audit(agent, obs, rng.normal(size=(256, 2, 1)))
         if binds:
-            assert relative > fast_paths.TOLERANCE and problem.startswith("its actions differ from TorchActor"), problem
+            assert relative > fast_paths.TOLERANCE and " differ from TorchActor on this rollout" in problem, problem
         else:
-            assert relative < 1e-5 and problem is None
+            assert relative < fast_paths.TOLERANCE and problem is None
 
 
 def test_a_log_std_floor_reached_later_is_caught_by_the_acting_audit():
@@ -259,9 +259,9 @@ def test_a_rollout_whose_numpy_actor_failed_its_audit_is_sampled_again_with_torc
     "state, words",
     [
         ("gradient hook", "a gradient hook on critic.0.weight (torch.func's gradient does not run it)"),
-        ("dropout", "a random layer (Dropout) in critic.2"),
+        ("dropout", "a random layer (Dropout) in critic.2 (a compiled graph draws other noise)"),
         ("forward hook", "a module hook on actor_mean.0"),
-        ("buffer", "a buffer (scale)"),
+        ("buffer", "a buffer (scale), which a forward pass may change"),
         ("float16", "parameters that are not float32 or float64"),
     ],
 )
@@ -309,7 +309,7 @@ def test_the_compiled_gradient_steps_as_loss_backward_over_ten_minibatches(decou
         batch["behaviour_logprobs"] = batch["logprobs"] - 0.3 * torch.rand(640, generator=torch.Generator())
     learners = []
     for compiled in (True, False):
-        learner, args = learner_with(perturbed_agent(5, 2), compile=compiled, num_minibatches=10)
+        learner, args = learner_with(perturbed_agent(5, 2), compile=compiled, num_steps=640, num_minibatches=10)
         args.update_epochs = 1
         learners.append(learner)
         torch.manual_seed(5)  # the same shuffle
