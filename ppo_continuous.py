@@ -673,12 +673,26 @@ def minibatch_loss(agent: Agent, minibatch: dict, loss_kwargs: dict) -> gae.PPOL
     )
 
 
-def backward(agent: Agent, minibatch: dict, loss_kwargs: dict) -> gae.PPOLoss:
-    """The minibatch's loss, its gradient left in every parameter's .grad by loss.backward() through the live Agent."""
+def clip_gradients(grads: list[torch.Tensor], max_norm: float) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """nn.utils.clip_grad_norm_'s clip in tensor ops only (so that it compiles into the gradient's graph): the
+    gradients scaled so that their global norm is at most max_norm, and the norm before clipping (a NaN norm reaches
+    the caller's guard)."""
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    return [g * scale for g in grads], norm
+
+
+def backward(agent: Agent, minibatch: dict, loss_kwargs: dict, max_grad_norm: float):
+    """The minibatch's loss and its gradient by loss.backward() through the live Agent, clipped, left in every
+    parameter's .grad; returns the loss's statistics and the gradient's norm before clipping."""
     stats = minibatch_loss(agent, minibatch, loss_kwargs)
     agent.zero_grad()
     stats.loss.backward()
-    return stats
+    params = [p for p in agent.parameters() if p.grad is not None]
+    clipped, norm = clip_gradients([p.grad for p in params], max_grad_norm)
+    for param, grad in zip(params, clipped):
+        param.grad = grad
+    return stats, norm
 
 
 class LossModule(nn.Module):
@@ -695,35 +709,39 @@ class LossModule(nn.Module):
 
 
 def compiled_gradients(agent: Agent, fast: FastPaths):
-    """`backward`, compiled: the same loss and gradient (torch.func.grad of minibatch_loss with respect to the Agent's
-    parameters) traced by torch.compile into one graph, far fewer ops than autograd's per-op dispatch. Returns a
-    function like `backward`; if compiling fails (no C++ compiler for inductor, code it cannot trace) `fast` records
-    why, with one line, and it trains with `backward` from then on."""
+    """`backward`, compiled: the same loss, gradient (torch.func.grad of minibatch_loss with respect to the Agent's
+    parameters) and clip, traced by torch.compile into one graph, far fewer ops than autograd's per-op dispatch.
+    Returns a function like `backward`; if compiling fails (no C++ compiler for inductor, code it cannot trace) `fast`
+    records why, with one line, and it trains with `backward` from then on."""
     loss_module = LossModule(agent)
 
-    def gradient_and_fields(params: dict, minibatch: dict, loss_kwargs: dict) -> tuple[dict, dict]:
+    def clipped_gradient(params: dict, minibatch: dict, loss_kwargs: dict, max_grad_norm: float):
         # The loss settings stay outside torch.func's arguments, where torch.compile would specialize on each value
         # (an annealed entropy coefficient would recompile every iteration)
         def loss_of(params: dict) -> tuple[torch.Tensor, dict]:
             return torch.func.functional_call(loss_module, params, (minibatch, loss_kwargs))
 
-        return torch.func.grad(loss_of, has_aux=True)(params)
+        grads, fields = torch.func.grad(loss_of, has_aux=True)(params)
+        clipped, norm = clip_gradients(list(grads.values()), max_grad_norm)
+        return clipped, fields, norm
 
-    compiled = torch.compile(gradient_and_fields, fullgraph=True)
+    compiled = torch.compile(clipped_gradient, fullgraph=True)
 
-    def gradients(agent: Agent, minibatch: dict, loss_kwargs: dict) -> gae.PPOLoss:
+    def gradients(agent: Agent, minibatch: dict, loss_kwargs: dict, max_grad_norm: float):
         if fast.compiled is None:
-            return backward(agent, minibatch, loss_kwargs)
-        params = {f"agent.{name}": param for name, param in agent.named_parameters()}
+            return backward(agent, minibatch, loss_kwargs, max_grad_norm)
+        params = dict(agent.named_parameters(prefix="agent"))
         try:
-            grads, fields = compiled({name: p.detach() for name, p in params.items()}, minibatch, loss_kwargs)
+            clipped, fields, norm = compiled(
+                {name: p.detach() for name, p in params.items()}, minibatch, loss_kwargs, max_grad_norm
+            )
         except Exception as e:  # noqa: BLE001 (the eager gradient is the same; an error of the user's code recurs there)
             fast.compiled = None
             fast.step_aside("gradient", fast.iteration, f"torch.compile failed ({failure(e)})", "loss.backward()")
-            return backward(agent, minibatch, loss_kwargs)
-        for name, param in params.items():
-            param.grad = grads[name]
-        return gae.PPOLoss(**fields, clip_coef=loss_kwargs["clip_coef"])
+            return backward(agent, minibatch, loss_kwargs, max_grad_norm)
+        for param, grad in zip(params.values(), clipped):
+            param.grad = grad
+        return gae.PPOLoss(**fields, clip_coef=loss_kwargs["clip_coef"]), norm
 
     return gradients
 
@@ -743,7 +761,7 @@ def update_gradients(learner: Learner, iteration: int):
 
 def ppo_update(learner: Learner, batch: dict, args: Args, loss_kwargs: dict, iteration: int) -> tuple[dict, str | None]:
     """--update-epochs passes over shuffled minibatches of the samples the guard kept: the gradient of each
-    (autograd's, compiled or by loss.backward()), clipped by its global norm, then the optimizer's step. Returns the
+    (autograd's, compiled or by loss.backward()) clipped by its global norm, then the optimizer's own step. Returns the
     statistics of the last minibatch (as CleanRL logs them) and a problem string when the loss or a gradient went
     non-finite."""
     kept = len(batch["advantages"])
@@ -754,15 +772,16 @@ def ppo_update(learner: Learner, batch: dict, args: Args, loss_kwargs: dict, ite
     ratios = []
     for epoch in range(args.update_epochs):
         b_inds = torch.randperm(kept, device=batch["advantages"].device)
-        for mb_inds in torch.tensor_split(b_inds, args.num_minibatches):
-            if len(mb_inds) == 0:  # more minibatches than samples kept
+        # the batch shuffled once per epoch; each minibatch is a slice of it (CleanRL's minibatches, one gather)
+        slices = {key: torch.tensor_split(batch[key][b_inds], args.num_minibatches) for key in columns}
+        for i in range(args.num_minibatches):
+            minibatch = {key: parts[i] for key, parts in slices.items()}
+            if len(minibatch["advantages"]) == 0:  # more minibatches than samples kept
                 continue
-            minibatch = {key: batch[key][mb_inds] for key in columns}
-            stats = gradients(learner.agent, minibatch, loss_kwargs)
+            stats, grad_norm = gradients(learner.agent, minibatch, loss_kwargs, args.max_grad_norm)
             loss = stats.loss.item()  # the guard must see it before the step
             if not math.isfinite(loss) or abs(loss) > args.guard_max_abs:
                 return {}, f"loss {loss:.3g} in epoch {epoch + 1}"
-            grad_norm = nn.utils.clip_grad_norm_(learner.agent.parameters(), args.max_grad_norm, foreach=True)
             if not math.isfinite(grad_norm.item()):
                 return {}, f"non-finite gradient in epoch {epoch + 1}"
             learner.optimizer.step()
