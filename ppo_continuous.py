@@ -725,6 +725,13 @@ def compiled_gradients(agent: Agent, fast: FastPaths):
         clipped, norm = clip_gradients(list(grads.values()), max_grad_norm)
         return clipped, fields, norm
 
+    if os.environ.get("TORCHINDUCTOR_VEC_ISA_OK") is None:
+        # inductor checks each vector ISA the CPU's flags list by building and loading a test library in a child
+        # process, at every start of a process, which costs more than loading the cached graph; a build or load that
+        # fails still ends in the line below and loss.backward()
+        import torch._inductor.config
+
+        torch._inductor.config.cpp.vec_isa_ok = True
     compiled = torch.compile(clipped_gradient, fullgraph=True)
 
     def gradients(agent: Agent, minibatch: dict, loss_kwargs: dict, max_grad_norm: float):
