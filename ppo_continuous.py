@@ -733,11 +733,14 @@ def compiled_gradients(agent: Agent, fast: FastPaths):
 
         torch._inductor.config.cpp.vec_isa_ok = True
     compiled = torch.compile(clipped_gradient, fullgraph=True)
+    looked_up = {"iteration": None, "params": {}}  # the Agent's parameters, looked up once per update
 
     def gradients(agent: Agent, minibatch: dict, loss_kwargs: dict, max_grad_norm: float):
         if fast.compiled is None:
             return backward(agent, minibatch, loss_kwargs, max_grad_norm)
-        params = dict(agent.named_parameters(prefix="agent"))
+        if looked_up["iteration"] != fast.iteration:
+            looked_up.update(iteration=fast.iteration, params=dict(agent.named_parameters(prefix="agent")))
+        params = looked_up["params"]
         try:
             clipped, fields, norm = compiled(
                 {name: p.detach() for name, p in params.items()}, minibatch, loss_kwargs, max_grad_norm
