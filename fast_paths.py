@@ -37,7 +37,8 @@ RANDOM_LAYERS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaD
 
 def say(line: str) -> None:
     """A fast path's one line (why it stepped aside), on stderr, under the running script's name."""
-    print(f"{os.path.basename(sys.argv[0]) or 'ppo_continuous.py'}: {line}", file=sys.stderr)
+    script = os.path.basename(sys.argv[0])
+    print(f"{script if script.endswith('.py') else 'ppo_continuous.py'}: {line}", file=sys.stderr)
 
 
 def failure(e: BaseException) -> str:
