@@ -13,6 +13,7 @@ import dataclasses
 import importlib
 import inspect
 import os
+import sys
 import warnings
 from dataclasses import dataclass, field
 
@@ -27,6 +28,15 @@ from gae import RunningMeanStd, normalize_obs
 
 class UsageError(Exception):
     """Bad input: reported as one line on stderr with exit status 2."""
+
+
+# The running script's name, for its one-line messages (ppo_continuous.py when not run as a script)
+PROG = os.path.basename(sys.argv[0]) if sys.argv[0].endswith(".py") else "ppo_continuous.py"
+
+
+def unwrapped(agent):
+    """The Agent itself, where a user wrapped it in torch.compile (an OptimizedModule keeps it as _orig_mod)."""
+    return getattr(agent, "_orig_mod", agent)
 
 
 def first_line(e: BaseException) -> str:
@@ -60,8 +70,8 @@ def save_atomic(obj: dict, path: str) -> None:
 
 
 def saved_weights(state_dict: dict) -> dict:
-    """The Agent's own parameter names: a torch.compile'd Agent's state_dict (saved by an edited copy) prefixes each
-    with _orig_mod."""
+    """The Agent's own parameter names: a torch.compile'd Agent's state_dict (as an earlier version saved it) prefixes
+    each with _orig_mod."""
     return {key.removeprefix("_orig_mod."): value for key, value in state_dict.items()}
 
 
@@ -84,7 +94,7 @@ def policy_state(agent, obs_rms: RunningMeanStd, args, global_step: int) -> dict
     statistics, the action bounds) and to know how it was trained (the flags)."""
     bounds = getattr(agent, "action_bounds", None)
     return {
-        "agent": saved_weights(getattr(agent, "_orig_mod", agent).state_dict()),
+        "agent": unwrapped(agent).state_dict(),
         "agent_args": [agent.obs_dim, agent.act_dim, getattr(agent, "discrete", False)],
         "obs_layout": agent.obs_layout,
         "action_bounds": None if bounds is None else [torch.as_tensor(b) for b in bounds],
@@ -110,7 +120,7 @@ def training_checkpoint(learner, args, state: RunState, wall_time: float) -> dic
 def restore_training(ckpt: dict, learner, path: str) -> RunState:
     """Load a checkpoint.pt into the learner."""
     try:
-        getattr(learner.agent, "_orig_mod", learner.agent).load_state_dict(saved_weights(ckpt["agent"]))
+        unwrapped(learner.agent).load_state_dict(saved_weights(ckpt["agent"]))
         learner.obs_rms.load_state_dict(ckpt["obs_rms"])
         learner.optimizer.load_state_dict(ckpt["optimizer"])
         for group in learner.optimizer.param_groups:  # a checkpoint from before the schedule kept each group's own

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import copy
-import os
 import sys
 from dataclasses import dataclass, field
 
@@ -24,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from checkpoints import PROG, first_line
 from gae import LOG_SQRT_2PI
 
 # A mirror matches when each value it computes differs from the plain path's by at most this fraction of that value's
@@ -37,14 +37,12 @@ RANDOM_LAYERS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaD
 
 def say(line: str) -> None:
     """A fast path's one line (why it stepped aside), on stderr, under the running script's name."""
-    script = os.path.basename(sys.argv[0])
-    print(f"{script if script.endswith('.py') else 'ppo_continuous.py'}: {line}", file=sys.stderr)
+    print(f"{PROG}: {line}", file=sys.stderr)
 
 
 def failure(e: BaseException) -> str:
     """An exception in a few words: its type and the first line of its message."""
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    return f"{type(e).__name__}: {lines[0][:160] if lines else 'no message'}"
+    return f"{type(e).__name__}: {first_line(e)[:160] if str(e).strip() else 'no message'}"
 
 
 class DoesNotFit(Exception):

@@ -31,7 +31,15 @@ from torch.distributions import Distribution, Independent, Normal
 
 import checkpoints
 import gae
-from checkpoints import RunState, UsageError, restore_training, resume_checkpoint, save_atomic, training_checkpoint
+from checkpoints import (
+    RunState,
+    UsageError,
+    restore_training,
+    resume_checkpoint,
+    save_atomic,
+    training_checkpoint,
+    unwrapped,
+)
 from fast_paths import (
     FastPaths,
     NumpyActor,
@@ -548,14 +556,9 @@ def start_fast_paths(learner: Learner, args: Args, numpy_acting: bool = True) ->
     fast.used["gradient"] = compiled if fast.compiled else f"loss.backward() ({compile_problem})"
     fast.used["optimizer step"] = f"{type(learner.optimizer).__module__}.{type(learner.optimizer).__name__}.step()"
     learner.fast = fast
-    dropped = [name for name, value in vars(agent).items() if not name.startswith("_") and not plain_value(value)]
+    dropped = agent_attributes(agent)[1]
     if dropped:
         say(f"the samplers' copies of Agent do not carry its attribute {dropped[0]} (only numbers, strings and arrays)")
-
-
-def unwrapped(agent: nn.Module) -> nn.Module:
-    """The Agent itself, where a user wrapped it in torch.compile (an OptimizedModule keeps it as _orig_mod)."""
-    return getattr(agent, "_orig_mod", agent)
 
 
 def plain_value(value) -> bool:
@@ -565,16 +568,19 @@ def plain_value(value) -> bool:
     return value is None or isinstance(value, (bool, int, float, str, np.ndarray))
 
 
+def agent_attributes(agent: nn.Module) -> tuple[dict, list[str]]:
+    """The Agent's own public attributes that are plain data (what the samplers' copies are given; the train/eval mode
+    is theirs), and the names of those that are not (which they cannot carry)."""
+    public = {k: v for k, v in vars(unwrapped(agent)).items() if not k.startswith("_") and k != "training"}
+    carried = {name: value for name, value in public.items() if plain_value(value)}
+    return carried, [name for name in public if name not in carried]
+
+
 def policy_weights(learner: Learner) -> dict[str, np.ndarray]:
     """What a sampler acts with: the numpy weights, the Agent's plain attributes (a flag set during the run, say), the
     observation statistics and which way to act."""
-    agent = unwrapped(learner.agent)
-    weights = agent.numpy_weights()
-    weights["agent_attributes"] = {
-        name: value
-        for name, value in vars(agent).items()
-        if not name.startswith("_") and name != "training" and plain_value(value)
-    }
+    weights = unwrapped(learner.agent).numpy_weights()
+    weights["agent_attributes"] = agent_attributes(learner.agent)[0]
     weights["obs_mean"] = learner.obs_rms.mean.copy()
     weights["obs_var"] = learner.obs_rms.var.copy()
     weights["fast_acting"] = np.array(learner.fast.acting)

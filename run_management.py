@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from checkpoints import (
     MACHINE_FLAGS,
+    PROG,
     DistributionGap,
     Policy,
     RunState,
@@ -41,8 +42,6 @@ from checkpoints import (
     run_eval_checkpoint,
     save_atomic,
 )
-
-PROG = os.path.basename(sys.argv[0]) if sys.argv[0].endswith(".py") else "ppo_continuous.py"
 
 
 def distribution_gap(e: NotImplementedError) -> DistributionGap | None:
