@@ -183,7 +183,15 @@ MACHINE_FLAGS = {
     "fast_path",
     "compile",
 }
-RUN_LENGTH_FLAGS = {"total_timesteps", "run_name", "eval_episodes", "checkpoint_every", "save_model", "guard_patience"}
+RUN_LENGTH_FLAGS = {
+    "total_timesteps",
+    "run_name",
+    "eval_episodes",
+    "checkpoint_every",
+    "save_model",
+    "guard_patience",
+    "num_seeds",  # --resume resumes every seed of a --num-seeds run; --num-seeds 1 only the one named
+}
 COMPUTED_FLAGS = {"batch_size", "minibatch_size", "num_iterations", "num_envs"}
 
 

@@ -17,11 +17,14 @@ makes a run safe to interrupt, resume and compare.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
 import math
 import os
 import sys
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 
 import gymnasium as gym
 import numpy as np
@@ -34,6 +37,7 @@ import gae
 from checkpoints import (
     RunState,
     UsageError,
+    load_checkpoint,
     restore_training,
     resume_checkpoint,
     save_atomic,
@@ -52,6 +56,7 @@ from fast_paths import (
 )
 from run_management import (
     PROG,
+    BadBatchError,
     Monitor,
     TrainingLoop,
     cli,
@@ -166,6 +171,9 @@ class Args:
     compile: bool = True
     """compile the minibatch's loss and gradient with torch.compile (cached on disk; eager where it cannot, with one
     line); --no-compile: loss.backward(), the same gradient without the compile's start-up"""
+    num_seeds: int = 1
+    """train this many seeds (--seed, --seed + 1, ...) in this one process, each as its single run would (its own
+    envs, statistics, optimizer and run folder: runs/<run-name>__<seed>), their gradients computed together"""
 
     # to be filled in runtime
     batch_size: int = 0
@@ -179,7 +187,9 @@ class Args:
 def validate_args(args: Args, batch_shape: str | None = None) -> None:
     positive = ["total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"]
     positive += ["guard_patience", "torch_threads", "learning_rate", "clip_coef", "obs_clip", "reward_clip"]
-    require_positive(args, [*positive, "guard_max_abs"])
+    require_positive(args, [*positive, "guard_max_abs", "num_seeds"])
+    if args.num_seeds > 1 and args.track:
+        raise UsageError("--track and --num-seeds do not fit together: track each seed as a run of its own")
     if not 0 < args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         raise UsageError(f"--gamma must be in (0, 1] and --gae-lambda in [0, 1], got {args.gamma}, {args.gae_lambda}")
     if args.target_kl is not None and not args.target_kl > 0:
@@ -714,34 +724,42 @@ class LossModule(nn.Module):
         return stats.loss, {key: value for key, value in stats._asdict().items() if isinstance(value, torch.Tensor)}
 
 
-def compiled_gradients(agent: Agent, fast: FastPaths):
-    """`backward`, compiled: the same loss, gradient (torch.func.grad of minibatch_loss with respect to the Agent's
-    parameters) and clip, traced by torch.compile into one graph, far fewer ops than autograd's per-op dispatch.
-    Returns a function like `backward`; if compiling fails (no C++ compiler for inductor, code it cannot trace) `fast`
-    records why, with one line, and it trains with `backward` from then on."""
-    loss_module = LossModule(agent)
+def clipped_gradient(loss_module: LossModule, params: dict, minibatch: dict, loss_kwargs: dict, max_grad_norm: float):
+    """torch.func.grad of minibatch_loss with respect to the Agent's parameters `params`, clipped: the clipped
+    gradients, PPOLoss's tensor fields and the norm before clipping. What compiled_gradients compiles, and what
+    compiled_seed_gradients maps over seeds."""
 
-    def clipped_gradient(params: dict, minibatch: dict, loss_kwargs: dict, max_grad_norm: float):
-        # The loss settings stay outside torch.func's arguments, where torch.compile would specialize on each value
-        # (an annealed entropy coefficient would recompile every iteration)
-        def loss_of(params: dict) -> tuple[torch.Tensor, dict]:
-            return torch.func.functional_call(loss_module, params, (minibatch, loss_kwargs))
+    # The loss settings stay outside torch.func's arguments, where torch.compile would specialize on each value (an
+    # annealed entropy coefficient would recompile every iteration)
+    def loss_of(params: dict) -> tuple[torch.Tensor, dict]:
+        return torch.func.functional_call(loss_module, params, (minibatch, loss_kwargs))
 
-        grads, fields = torch.func.grad(loss_of, has_aux=True)(params)
-        clipped, norm = clip_gradients(list(grads.values()), max_grad_norm)
-        return clipped, fields, norm
+    grads, fields = torch.func.grad(loss_of, has_aux=True)(params)
+    clipped, norm = clip_gradients(list(grads.values()), max_grad_norm)
+    return clipped, fields, norm
 
+
+def compile_for(function, agent: Agent):
+    """torch.compile of `function` into one graph, for the device the Agent is on."""
     if os.environ.get("TORCHINDUCTOR_VEC_ISA_OK") is None:
         # inductor checks each vector ISA the CPU's flags list by building and loading a test library in a child
         # process, at every start of a process, which costs more than loading the cached graph; a build or load that
-        # fails still ends in the line below and loss.backward()
+        # fails still ends in the caller's line and loss.backward()
         import torch._inductor.config
 
         torch._inductor.config.cpp.vec_isa_ok = True
     # On the CPU the graph's kernels are called from generated C++ rather than a Python wrapper (per call that is most
     # of the graph's overhead at a minibatch of 64); elsewhere inductor's default wrapper.
     on_cpu = all(p.device.type == "cpu" for p in agent.parameters())
-    compiled = torch.compile(clipped_gradient, fullgraph=True, options={"cpp_wrapper": on_cpu})
+    return torch.compile(function, fullgraph=True, options={"cpp_wrapper": on_cpu})
+
+
+def compiled_gradients(agent: Agent, fast: FastPaths):
+    """`backward`, compiled: the same loss, gradient and clip (clipped_gradient), traced by torch.compile into one
+    graph, far fewer ops than autograd's per-op dispatch. Returns a function like `backward`; if compiling fails (no
+    C++ compiler for inductor, code it cannot trace) `fast` records why, with one line, and it trains with `backward`
+    from then on."""
+    compiled = compile_for(functools.partial(clipped_gradient, LossModule(agent)), agent)
     looked_up = {"iteration": None, "params": {}}  # the Agent's parameters, looked up once per update
 
     def gradients(agent: Agent, minibatch: dict, loss_kwargs: dict, max_grad_norm: float):
@@ -765,6 +783,42 @@ def compiled_gradients(agent: Agent, fast: FastPaths):
     return gradients
 
 
+def compiled_seed_gradients(agents: list[Agent]):
+    """clipped_gradient mapped over seeds with torch.func.vmap and compiled into one graph: every seed's gradient of
+    its own minibatch through its own parameters (the Agents' parameters stacked), each clipped by its own norm. The
+    returned function leaves each seed's clipped gradient in its Agent's .grad and returns each seed's (PPOLoss,
+    norm); it raises what compiling or vmap raised (the caller then updates the seeds one after another)."""
+    loss_module = LossModule(agents[0])  # the code that runs; every seed's parameters are passed in
+
+    def stacked_gradient(params: dict, minibatches: dict, loss_kwargs: dict, max_grad_norm: float):
+        def one_seed(params: dict, minibatch: dict):
+            return clipped_gradient(loss_module, params, minibatch, loss_kwargs, max_grad_norm)
+
+        return torch.func.vmap(one_seed)(params, minibatches)
+
+    compiled = compile_for(stacked_gradient, agents[0])
+    looked_up = {"key": None, "params": []}  # each seed's parameters, looked up once per update
+
+    def gradients(agents: list[Agent], minibatches: list[dict], loss_kwargs: dict, max_grad_norm: float, key):
+        if looked_up["key"] != key:
+            looked_up.update(key=key, params=[list(agent.named_parameters(prefix="agent")) for agent in agents])
+        per_seed = looked_up["params"]
+        names = [name for name, _ in per_seed[0]]
+        params = {name: torch.stack([seed[i][1].detach() for seed in per_seed]) for i, name in enumerate(names)}
+        stacked = {key: torch.stack([minibatch[key] for minibatch in minibatches]) for key in minibatches[0]}
+        clipped, fields, norms = compiled(params, stacked, loss_kwargs, max_grad_norm)
+        seed_grads = zip(*[grad.unbind() for grad in clipped])  # each seed's gradients, views of the stacked ones
+        seed_fields = zip(*[value.unbind() for value in fields.values()])
+        results = []
+        for seed, grads, values, norm in zip(per_seed, seed_grads, seed_fields, norms.unbind()):
+            for (_, param), grad in zip(seed, grads):
+                param.grad = grad
+            results.append((gae.PPOLoss(**dict(zip(fields, values)), clip_coef=loss_kwargs["clip_coef"]), norm))
+        return results
+
+    return gradients
+
+
 def update_gradients(learner: Learner, iteration: int):
     """This update's gradient function: the compiled one while nothing in the Agent stops it (checked before every
     update, so a hook registered during the run counts from the next), else `backward`."""
@@ -778,35 +832,30 @@ def update_gradients(learner: Learner, iteration: int):
     return fast.compiled or backward
 
 
-def ppo_update(learner: Learner, batch: dict, args: Args, loss_kwargs: dict, iteration: int) -> tuple[dict, str | None]:
-    """--update-epochs passes over shuffled minibatches of the samples the guard kept: the gradient of each
-    (autograd's, compiled or by loss.backward()) clipped by its global norm, then the optimizer's own step. Returns the
-    statistics of the last minibatch (as CleanRL logs them) and a problem string when the loss or a gradient went
-    non-finite."""
-    kept = len(batch["advantages"])
-    if kept < batch["size"] / 2:
-        return {}, f"only {kept} of {batch['size']} samples are usable (NaN/inf data or outlier advantages)"
-    gradients = update_gradients(learner, iteration)
+def epoch_minibatches(batch: dict, args: Args) -> list[dict]:
+    """One epoch's minibatches: the samples the guard kept, shuffled (torch's generator), cut into --num-minibatches
+    slices (CleanRL's minibatches, one gather); none empty."""
     columns = [key for key, value in batch.items() if isinstance(value, torch.Tensor)]
-    ratios = []
-    for epoch in range(args.update_epochs):
-        b_inds = torch.randperm(kept, device=batch["advantages"].device)
-        # the batch shuffled once per epoch; each minibatch is a slice of it (CleanRL's minibatches, one gather)
-        slices = {key: torch.tensor_split(batch[key][b_inds], args.num_minibatches) for key in columns}
-        for i in range(args.num_minibatches):
-            minibatch = {key: parts[i] for key, parts in slices.items()}
-            if len(minibatch["advantages"]) == 0:  # more minibatches than samples kept
-                continue
-            stats, grad_norm = gradients(learner.agent, minibatch, loss_kwargs, args.max_grad_norm)
-            loss = stats.loss.item()  # the guard must see it before the step
-            if not math.isfinite(loss) or abs(loss) > args.guard_max_abs:
-                return {}, f"loss {loss:.3g} in epoch {epoch + 1}"
-            if not math.isfinite(grad_norm.item()):
-                return {}, f"non-finite gradient in epoch {epoch + 1}"
-            learner.optimizer.step()
-            ratios.append(stats.ratio.detach())
-        if args.target_kl is not None and stats.approx_kl > args.target_kl:
-            break
+    b_inds = torch.randperm(len(batch["advantages"]), device=batch["advantages"].device)
+    slices = {key: torch.tensor_split(batch[key][b_inds], args.num_minibatches) for key in columns}
+    minibatches = [{key: parts[i] for key, parts in slices.items()} for i in range(args.num_minibatches)]
+    return [minibatch for minibatch in minibatches if len(minibatch["advantages"])]  # more minibatches than samples
+
+
+def guarded_step(optimizer: optim.Optimizer, stats: gae.PPOLoss, grad_norm: torch.Tensor, args: Args, epoch: int):
+    """The optimizer's own step, unless the loss or the gradient went non-finite (or the loss past --guard-max-abs):
+    then the problem, and no step."""
+    loss = stats.loss.item()  # the guard must see it before the step
+    if not math.isfinite(loss) or abs(loss) > args.guard_max_abs:
+        return f"loss {loss:.3g} in epoch {epoch + 1}"
+    if not math.isfinite(grad_norm.item()):
+        return f"non-finite gradient in epoch {epoch + 1}"
+    optimizer.step()
+    return None
+
+
+def update_scalars(stats: gae.PPOLoss, ratios: list[torch.Tensor], batch: dict, args: Args) -> dict:
+    """The update's statistics, as CleanRL logs them: the last minibatch's losses, the clip fraction of all."""
     values, returns = batch["values"].cpu().numpy(), batch["returns"].cpu().numpy()
     return {
         "losses/value_loss": stats.value_loss.item(),
@@ -816,7 +865,114 @@ def ppo_update(learner: Learner, batch: dict, args: Args, loss_kwargs: dict, ite
         "losses/approx_kl": stats.approx_kl.item(),
         "losses/clipfrac": gae.mean_clipfrac(ratios, args.clip_coef),
         "losses/explained_variance": gae.explained_variance(values, returns),
-    }, None
+    }
+
+
+def too_few_samples(batch: dict) -> str | None:
+    kept = len(batch["advantages"])
+    if kept < batch["size"] / 2:
+        return f"only {kept} of {batch['size']} samples are usable (NaN/inf data or outlier advantages)"
+    return None
+
+
+def ppo_update(learner: Learner, batch: dict, args: Args, loss_kwargs: dict, iteration: int) -> tuple[dict, str | None]:
+    """--update-epochs passes over shuffled minibatches of the samples the guard kept: the gradient of each
+    (autograd's, compiled or by loss.backward()) clipped by its global norm, then the optimizer's own step. Returns the
+    statistics of the last minibatch (as CleanRL logs them) and a problem string when the loss or a gradient went
+    non-finite."""
+    problem = too_few_samples(batch)
+    if problem:
+        return {}, problem
+    gradients = update_gradients(learner, iteration)
+    ratios = []
+    for epoch in range(args.update_epochs):
+        for minibatch in epoch_minibatches(batch, args):
+            stats, grad_norm = gradients(learner.agent, minibatch, loss_kwargs, args.max_grad_norm)
+            problem = guarded_step(learner.optimizer, stats, grad_norm, args, epoch)
+            if problem:
+                return {}, problem
+            ratios.append(stats.ratio.detach())
+        if args.target_kl is not None and stats.approx_kl > args.target_kl:
+            break
+    return update_scalars(stats, ratios, batch, args), None
+
+
+@contextlib.contextmanager
+def seed_random(run):
+    """Run what follows on this seed's own torch random stream (with --num-seeds every seed draws as its single run
+    would: its Agent's initialization, its minibatch shuffles)."""
+    torch.set_rng_state(run.torch_rng)
+    try:
+        yield
+    finally:
+        run.torch_rng = torch.get_rng_state()
+
+
+def update_seeds(runs: list, batches: list[dict], args: Args, loss_kwargs: dict, iteration: int, seed_gradients):
+    """ppo_update for several seeds of one iteration, in lockstep: every seed's own shuffles, gradient, guard, step
+    and early stop, as ppo_update makes them. The gradients of all seeds come from one call of `seed_gradients`
+    (compiled_seed_gradients) where every seed trains with the compiled gradient and has as many usable samples (so
+    that their minibatches stack); otherwise each seed's own gradient function. Returns ppo_update's (statistics,
+    problem) for each seed."""
+    results: list = [None] * len(runs)
+    stack = []  # the seeds this update takes part in; one that stops early stays in the stack, unstepped
+    for k, batch in enumerate(batches):
+        problem = too_few_samples(batch)
+        if problem:
+            results[k] = ({}, problem)
+        else:
+            stack.append(k)
+    own_gradients = {k: update_gradients(runs[k].learner, iteration) for k in stack}
+    together = (
+        seed_gradients is not None
+        and len(stack) > 1
+        and all(own_gradients[k] is runs[k].learner.fast.compiled for k in stack)
+        and len({len(batches[k]["advantages"]) for k in stack}) == 1
+    )
+    stepping = list(stack)
+    ratios: dict[int, list] = {k: [] for k in stack}
+    last: dict[int, gae.PPOLoss] = {}
+    for epoch in range(args.update_epochs):
+        plans = {}
+        for k in stepping:
+            with seed_random(runs[k]):
+                plans[k] = epoch_minibatches(batches[k], args)
+        for i in range(len(plans[stepping[0]]) if stepping else 0):
+            outs = None
+            if together:
+                filler = plans[stepping[0]][i]  # what a seed that stopped computes, unused: its parameters stay
+                minibatches = [plans[k][i] if k in plans else filler for k in stack]
+                agents = [runs[k].learner.agent for k in stack]
+                try:
+                    key = (iteration, tuple(stack))
+                    outs = dict(zip(stack, seed_gradients(agents, minibatches, loss_kwargs, args.max_grad_norm, key)))
+                except Exception as e:  # noqa: BLE001 (each seed's own gradient is the same)
+                    together = seed_gradients = None
+                    say(
+                        f"seeds updated one after another from iteration {iteration}: vmap of the gradient failed "
+                        f"({failure(e)})"
+                    )
+            for k in list(stepping):
+                if outs is None:
+                    stats, grad_norm = own_gradients[k](
+                        runs[k].learner.agent, plans[k][i], loss_kwargs, args.max_grad_norm
+                    )
+                else:
+                    stats, grad_norm = outs[k]
+                problem = guarded_step(runs[k].learner.optimizer, stats, grad_norm, args, epoch)
+                if problem:
+                    results[k] = ({}, problem)
+                    stepping.remove(k)
+                    continue
+                ratios[k].append(stats.ratio.detach())
+                last[k] = stats
+        for k in list(stepping):
+            if args.target_kl is not None and last[k].approx_kl > args.target_kl:
+                stepping.remove(k)
+    for k in stack:
+        if results[k] is None:
+            results[k] = (update_scalars(last[k], ratios[k], batches[k], args), None)
+    return results, seed_gradients
 
 
 def load_policy(path: str) -> checkpoints.Policy:
@@ -827,9 +983,24 @@ def load_policy(path: str) -> checkpoints.Policy:
 # ---------------------------------------------------------------------------------------------------------------------
 # Training: the algorithm box
 # ---------------------------------------------------------------------------------------------------------------------
-def train(args: Args) -> int:
-    ckpt = resume_checkpoint(args)
-    device = seed_everything(args)
+@dataclass
+class SeedRun:
+    """One seed's run: its flags, folder, envs, learner, counters, files and (with --num-seeds) its own torch random
+    stream, swapped in for its draws as its single run would make them."""
+
+    args: Args
+    run_dir: str
+    sampler: Sampler
+    learner: Learner
+    state: RunState
+    monitor: Monitor
+    torch_rng: torch.Tensor | None = None
+    status: str = "running"
+    seed_runs: list = field(default_factory=list)  # with --num-seeds: every seed's checkpoint, for --resume
+
+
+def start_run(args: Args, ckpt: dict | None, device: torch.device) -> SeedRun:
+    """A run's envs, learner (fresh or from its checkpoint), fast paths, run folder and TensorBoard writer."""
     run_dir = run_folder(args)
     seed = args.seed + (int(ckpt["global_step"]) if ckpt else 0)
     sampler = Sampler(args.env_id, args.num_envs, seed, args, os.path.join(run_dir, "videos"))  # a bad env fails here
@@ -845,42 +1016,148 @@ def train(args: Args) -> int:
     start_fast_paths(learner, args)
     writer = tensorboard_writer(args, run_dir, resumed_at=state.global_step if args.resume else None)
     monitor = Monitor(args, writer, state, sampler.spaces[1], learner.fast)
+    return SeedRun(args, run_dir, sampler, learner, state, monitor)
 
-    def save_checkpoint() -> None:
-        checkpoint = training_checkpoint(learner, args, state, monitor.wall_time())
-        checkpoint["sampler_rng"] = sampler.rng.bit_generator.state
-        save_atomic(checkpoint, os.path.join(run_dir, "checkpoint.pt"))
 
-    with TrainingLoop(run_dir) as loop:
-        while state.iteration < args.num_iterations and loop.signum is None:
-            iteration = state.iteration + 1
-            ent_coef = anneal(learner.optimizer, args, iteration)
-            sampler.set_policy(policy_weights(learner))
-            rollout = sampler.rollout(args.num_steps)
-            state.global_step += int(rollout["env_steps"])
-            learner.fast.read_acting_audits([rollout], iteration, state.counters)
-            for episodic_return, episodic_length in zip(rollout["episode_returns"], rollout["episode_lengths"]):
-                writer.add_scalar("charts/episodic_return", episodic_return, state.global_step)
-                writer.add_scalar("charts/episodic_length", episodic_length, state.global_step)
-                monitor.recent_returns.append(float(episodic_return))
-            update_statistics(rollout, learner, args)
-            batch = prepare_batch(learner, rollout, args)
-            stats, problem = ppo_update(learner, batch, args, loss_settings(args, ent_coef), iteration)
-            state.iteration = iteration
-            if monitor.guard(batch, problem):  # counts what the guard dropped; stops after --guard-patience bad batches
-                stats["charts/learning_rate"] = learner.optimizer.param_groups[0]["lr"]
-                stats["charts/ent_coef"] = ent_coef
-                stats["charts/SPS"] = monitor.steps_per_second()
-                for tag, value in (stats | learner.fast.scalars()).items():
-                    writer.add_scalar(tag, value, state.global_step)
-                monitor.diagnose(stats)  # health warnings, progress bar
-                if args.checkpoint_every and state.iteration % args.checkpoint_every == 0:
-                    save_checkpoint()
+def save_checkpoint(run: SeedRun) -> None:
+    checkpoint = training_checkpoint(run.learner, run.args, run.state, run.monitor.wall_time())
+    checkpoint["sampler_rng"] = run.sampler.rng.bit_generator.state
+    if run.seed_runs:
+        checkpoint["seed_runs"] = run.seed_runs
+    save_atomic(checkpoint, os.path.join(run.run_dir, "checkpoint.pt"))
+
+
+def rollout_batch(run: SeedRun) -> dict:
+    """Sample a rollout with the learner's latest policy, log its episodes and statistics, and return the batch."""
+    learner, state, writer = run.learner, run.state, run.monitor.writer
+    run.sampler.set_policy(policy_weights(learner))
+    rollout = run.sampler.rollout(run.args.num_steps)
+    state.global_step += int(rollout["env_steps"])
+    learner.fast.read_acting_audits([rollout], state.iteration + 1, state.counters)
+    for episodic_return, episodic_length in zip(rollout["episode_returns"], rollout["episode_lengths"]):
+        writer.add_scalar("charts/episodic_return", episodic_return, state.global_step)
+        writer.add_scalar("charts/episodic_length", episodic_length, state.global_step)
+        run.monitor.recent_returns.append(float(episodic_return))
+    update_statistics(rollout, learner, run.args)
+    return prepare_batch(learner, rollout, run.args)
+
+
+def log_update(run: SeedRun, batch: dict, stats: dict, problem: str | None, ent_coef: float) -> None:
+    """After an update: the guard (which raises BadBatchError after --guard-patience bad batches), the scalars, the
+    health warnings and the periodic checkpoint."""
+    run.state.iteration += 1
+    if run.monitor.guard(batch, problem):  # counts what the guard dropped; stops after --guard-patience bad batches
+        stats["charts/learning_rate"] = run.learner.optimizer.param_groups[0]["lr"]
+        stats["charts/ent_coef"] = ent_coef
+        stats["charts/SPS"] = run.monitor.steps_per_second()
+        for tag, value in (stats | run.learner.fast.scalars()).items():
+            run.monitor.writer.add_scalar(tag, value, run.state.global_step)
+        run.monitor.diagnose(stats)  # health warnings, progress bar
+        if run.args.checkpoint_every and run.state.iteration % run.args.checkpoint_every == 0:
+            save_checkpoint(run)
+
+
+def train(args: Args) -> int:
+    if args.num_seeds > 1:
+        return train_seeds(args)
+    ckpt = resume_checkpoint(args)
+    run = start_run(args, ckpt, seed_everything(args))
+    with TrainingLoop(run.run_dir) as loop:
+        while run.state.iteration < args.num_iterations and loop.signum is None:
+            iteration = run.state.iteration + 1
+            ent_coef = anneal(run.learner.optimizer, args, iteration)
+            batch = rollout_batch(run)
+            stats, problem = ppo_update(run.learner, batch, args, loss_settings(args, ent_coef), iteration)
+            log_update(run, batch, stats, problem, ent_coef)
     if loop.keeps_state:
-        save_checkpoint()
-    eval_failed = finish_run(monitor, loop.status, learner, state, sys.modules[__name__])
-    sampler.close()
+        save_checkpoint(run)
+    eval_failed = finish_run(run.monitor, loop.status, run.learner, run.state, sys.modules[__name__])
+    run.sampler.close()
     return loop.exit_status() or eval_failed
+
+
+def seed_runs_to_start(args: Args) -> list[tuple[Args, dict | None]]:
+    """--num-seeds: each seed's flags (seed, seed+1, ...; its own run folder) and, with --resume, its checkpoint (every
+    seed's checkpoint lists them all)."""
+    if not args.resume:
+        stamp = int(time.time())
+        names = [
+            f"{args.run_name}__{args.seed + k}"
+            if args.run_name
+            else f"{args.env_id.replace(':', '_')}__{args.exp_name}__{args.seed + k}__{stamp}"
+            for k in range(args.num_seeds)
+        ]
+        return [(replace(args, seed=args.seed + k, run_name=name), None) for k, name in enumerate(names)]
+    listed = load_checkpoint(args.resume).get("seed_runs", [args.resume])
+    starts = []
+    for path in listed[: args.num_seeds]:
+        if not os.path.exists(path):
+            say(f"{path} is missing (that seed stopped before its first checkpoint): resuming the other seeds")
+            continue
+        seed_args = replace(args, resume=path, run_name=None)
+        ckpt = resume_checkpoint(seed_args)
+        starts.append((replace(seed_args, seed=int(ckpt["args"]["seed"])), ckpt))
+    return starts
+
+
+def train_seeds(args: Args) -> int:
+    """--num-seeds N: N seeds in this process, each as its single run would train (its own envs, statistics,
+    optimizer, random streams, guard and files), their updates computed together (update_seeds). A seed whose env
+    fails, or whose guard stops it, stops alone, with its checkpoint and one line; the exit status then says so."""
+    device = seed_everything(args)
+    runs = []
+    for k, (seed_args, ckpt) in enumerate(seed_runs_to_start(args)):
+        torch.manual_seed(seed_args.seed)  # as seed_everything seeds a single run (a checkpoint restores its own)
+        runs.append(start_run(seed_args, ckpt, device))
+        runs[-1].torch_rng = torch.get_rng_state()
+        if k > 0:
+            runs[-1].monitor.progress.close()  # one progress bar, the first seed's
+    for run in runs:
+        run.seed_runs = [os.path.join(other.run_dir, "checkpoint.pt") for other in runs]
+    seed_gradients = None
+    if len(runs) > 1 and all(run.learner.fast.compiled for run in runs):
+        seed_gradients = compiled_seed_gradients([run.learner.agent for run in runs])
+    with TrainingLoop(runs[0].run_dir) as loop:
+        while loop.signum is None:
+            by_iteration: dict[int, list[SeedRun]] = {}  # seeds resumed from different iterations catch up apart
+            for run in runs:
+                if run.status == "running" and run.state.iteration < run.args.num_iterations:
+                    by_iteration.setdefault(run.state.iteration + 1, []).append(run)
+            if not by_iteration:
+                break
+            for iteration, group in sorted(by_iteration.items()):
+                ent_coef = [anneal(run.learner.optimizer, args, iteration) for run in group][0]
+                sampled, batches = [], []
+                for run in group:
+                    try:
+                        with seed_random(run):
+                            batches.append(rollout_batch(run))
+                        sampled.append(run)
+                    except Exception as e:  # noqa: BLE001 (one seed's env fails: that seed stops, the others go on)
+                        run.status = "failed"
+                        say(
+                            f"error: seed {run.args.seed} stopped: its env failed ({failure(e)}); "
+                            f"continue it with --resume {os.path.join(run.run_dir, 'checkpoint.pt')}"
+                        )
+                loss_kwargs = loss_settings(args, ent_coef)
+                results, seed_gradients = update_seeds(sampled, batches, args, loss_kwargs, iteration, seed_gradients)
+                for run, batch, (stats, problem) in zip(sampled, batches, results):
+                    try:
+                        with seed_random(run):
+                            log_update(run, batch, stats, problem, ent_coef)
+                    except BadBatchError as e:
+                        run.status = "stopped_by_guard"
+                        say(f"error: seed {run.args.seed}: {e}; the last good checkpoint stays in {run.run_dir}")
+    exit_status = loop.exit_status()
+    for run in runs:
+        status = loop.status if run.status == "running" else run.status
+        if status != "stopped_by_guard" and loop.keeps_state:
+            with seed_random(run):
+                save_checkpoint(run)
+        eval_failed = finish_run(run.monitor, status, run.learner, run.state, sys.modules[__name__])
+        run.sampler.close()
+        exit_status = exit_status or (1 if status in ("failed", "stopped_by_guard") else eval_failed)
+    return exit_status
 
 
 if __name__ == "__main__":

@@ -192,3 +192,26 @@ class ReachEnv(gym.Env):
 
 register(id="Reach-v0", entry_point=ReachEnv, max_episode_steps=50)
 register(id="ReachDiscreteLeaf-v0", entry_point=ReachEnv, max_episode_steps=50, kwargs={"discrete_leaf": True})
+
+
+class FailsForSeedEnv(CountingEnv):
+    """A simulator that fails in one seed's run only: on its `at`-th step, if it was first reset with seed `seed`, step
+    raises (the other seeds' envs run on)."""
+
+    def __init__(self, seed: int = 2, at: int = 300, **kwargs):
+        super().__init__(**kwargs)
+        self.failing_seed, self.at, self.first_seed, self.steps = seed, at, None, 0
+
+    def reset(self, *, seed=None, options=None):
+        if self.first_seed is None:
+            self.first_seed = seed
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        self.steps += 1
+        if self.first_seed == self.failing_seed and self.steps == self.at:
+            raise RuntimeError(f"simulator diverged at step {self.steps}")
+        return super().step(action)
+
+
+register(id="FailsForSeed2-v0", entry_point=FailsForSeedEnv, max_episode_steps=5, kwargs={"length": 1000})

@@ -1,0 +1,161 @@
+"""--num-seeds N: N seeds in one process, each trained as its single run would be, each writing what its single run
+writes; an edit reaches every seed; one seed's failure stops that seed only; Ctrl-C checkpoints every seed and
+--resume continues them all. The seeds' gradients are computed together (vmap of the compiled gradient), so these
+runs compile (Pendulum-v1, whose dynamics do not amplify float rounding over a few iterations)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import PPO_SCRIPT, REPO, run_ppo, run_python, start_python, tensorboard_events
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from edits import edited_copy  # noqa: E402
+
+RUN = ["--env-id", "Pendulum-v1", "--total-timesteps", "768", "--num-steps", "256", "--num-minibatches", "4"]
+RUN += ["--update-epochs", "2", "--quiet", "--checkpoint-every", "0"]
+TAGS = ["losses/value_loss", "losses/policy_loss", "losses/approx_kl", "losses/entropy", "charts/episodic_return"]
+
+
+def curves(run_dir: Path) -> dict[str, np.ndarray]:
+    events = tensorboard_events(run_dir)
+    return {tag: np.array([e.value for e in events.Scalars(tag)]) for tag in TAGS}
+
+
+def assert_same_training(together: Path, alone: Path) -> None:
+    """The first iterations of two runs agree within float noise (the seeds' stacked graph rounds otherwise than one
+    seed's graph)."""
+    a, b = curves(together), curves(alone)
+    for tag in TAGS:
+        assert len(a[tag]) == len(b[tag]) > 0, tag
+        np.testing.assert_allclose(a[tag], b[tag], rtol=1e-3, atol=1e-6, err_msg=tag)
+
+
+def kinds(run_dir: Path) -> set[str]:
+    return {"events" if p.name.startswith("events.") else p.name for p in run_dir.iterdir()}
+
+
+def test_each_seed_trains_and_writes_as_its_single_run(tmp_path):
+    together = run_ppo([*RUN, "--num-seeds", "3", "--run-name", "s", "--save-model", "--eval-episodes", "1"], tmp_path)
+    assert together.returncode == 0, together.stderr
+    assert "vmap" not in together.stderr  # the seeds' gradients were computed together
+    alone = run_ppo([*RUN, "--seed", "2", "--run-name", "alone", "--save-model", "--eval-episodes", "1"], tmp_path)
+    assert alone.returncode == 0, alone.stderr
+    runs = tmp_path / "runs"
+    assert sorted(p.name for p in runs.iterdir()) == ["alone", "s__1", "s__2", "s__3"]
+    assert_same_training(runs / "s__2", runs / "alone")
+    assert curves(runs / "s__1")["losses/value_loss"][0] != curves(runs / "s__2")["losses/value_loss"][0]
+    for seed in (1, 2, 3):
+        folder = runs / f"s__{seed}"
+        assert kinds(folder) == kinds(runs / "alone")
+        summary = json.loads((folder / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["env_steps"] == 768
+        assert summary["hyperparameters"]["seed"] == seed
+        assert summary.keys() == json.loads((runs / "alone" / "summary.json").read_text()).keys()
+        assert f"run folder runs/s__{seed}" in together.stdout
+    saved = torch.load(runs / "s__2" / "checkpoint.pt", weights_only=True)["agent"]
+    single = torch.load(runs / "alone" / "checkpoint.pt", weights_only=True)["agent"]
+    for name, value in single.items():
+        torch.testing.assert_close(saved[name], value, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("edit", ["relu", "dual_clip"])
+def test_an_edit_reaches_every_seed(edit, tmp_path):
+    folder = edited_copy(tmp_path, edit)
+    if edit == "dual_clip":  # its bound of 3 binds only far from the clip range: 1.01 binds in these few iterations
+        gae_py = folder / "gae.py"
+        gae_py.write_text(gae_py.read_text().replace("-3.0 * advantages", "-1.01 * advantages"))
+    script = folder / "ppo_continuous.py"
+    together = run_python(script, [*RUN, "--num-seeds", "2", "--run-name", "e"], folder)
+    assert together.returncode == 0, together.stderr
+    for seed in (1, 2):
+        alone = run_python(script, [*RUN, "--seed", str(seed), "--run-name", f"a{seed}"], folder)
+        assert alone.returncode == 0, alone.stderr
+        assert_same_training(folder / "runs" / f"e__{seed}", folder / "runs" / f"a{seed}")
+    run_ppo([*RUN, "--seed", "2", "--run-name", "stock"], tmp_path)
+    edited, unedited = curves(folder / "runs" / "e__2"), curves(tmp_path / "runs" / "stock")
+    assert not np.allclose(edited["losses/policy_loss"], unedited["losses/policy_loss"], rtol=1e-3, atol=1e-6)
+
+
+def test_a_seed_whose_env_fails_stops_alone_with_its_checkpoint(tmp_path):
+    args = ["--env-id", "tests.envs:FailsForSeed2-v0", "--num-steps", "64", "--num-minibatches", "2"]
+    args += ["--total-timesteps", "640", "--obs-warmup-steps", "0", "--quiet", "--num-seeds", "3", "--run-name", "f"]
+    result = run_ppo(args, tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if "seed 2 stopped" in line]
+    assert len(lines) == 1 and "RuntimeError: simulator diverged at step 300" in lines[0], result.stderr
+    runs = tmp_path / "runs"
+    failed = json.loads((runs / "f__2" / "summary.json").read_text())
+    assert failed["status"] == "failed" and failed["env_steps"] == 256  # four whole iterations before step 300
+    assert torch.load(runs / "f__2" / "checkpoint.pt", weights_only=True)["global_step"] == 256
+    for seed in (1, 3):
+        summary = json.loads((runs / f"f__{seed}" / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["env_steps"] == 640
+
+
+def test_ctrl_c_checkpoints_every_seed_and_resume_continues_them_all(tmp_path):
+    args = ["--env-id", "Pendulum-v1", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2"]
+    args += ["--total-timesteps", "1000000", "--checkpoint-every", "0", "--quiet"]
+    args += ["--num-seeds", "2", "--run-name", "c"]
+    proc = start_python(PPO_SCRIPT, args, tmp_path)
+    first = tmp_path / "runs" / "c__1"
+    deadline = time.time() + 180
+    while time.time() < deadline and not list(first.glob("events.*")):
+        time.sleep(0.5)
+    time.sleep(6)  # past the compile, a few iterations
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    steps = []
+    for seed in (1, 2):
+        folder = tmp_path / "runs" / f"c__{seed}"
+        assert json.loads((folder / "summary.json").read_text())["status"] == "interrupted"
+        ckpt = torch.load(folder / "checkpoint.pt", weights_only=True)
+        assert ckpt["seed_runs"] == ["runs/c__1/checkpoint.pt", "runs/c__2/checkpoint.pt"]
+        steps.append(ckpt["global_step"])
+    assert steps[0] == steps[1] > 0
+    total = steps[0] + 128
+    resumed = run_ppo(
+        ["--resume", str(Path("runs") / "c__2" / "checkpoint.pt"), "--total-timesteps", str(total)], tmp_path
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    for seed in (1, 2):
+        folder = tmp_path / "runs" / f"c__{seed}"
+        assert torch.load(folder / "checkpoint.pt", weights_only=True)["global_step"] == total
+        assert json.loads((folder / "summary.json").read_text())["status"] == "completed"
+
+
+def test_num_seeds_is_refused_where_it_does_not_fit(tmp_path):
+    refused = [
+        (run_ppo(["--num-seeds", "0"], tmp_path), "ppo_continuous.py: error: --num-seeds must be positive, got 0"),
+        (run_ppo(["--num-seeds", "2", "--track"], tmp_path), "--track and --num-seeds do not fit together"),
+        (
+            run_python(REPO / "dppo_ray.py", ["--num-seeds", "2"], tmp_path, timeout=120),
+            "dppo_ray.py: error: --num-seeds is ppo_continuous.py's",
+        ),
+    ]
+    for result, line in refused:
+        assert result.returncode == 2, result.stderr
+        assert line in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_resuming_one_seed_alone_leaves_the_others(tmp_path):
+    args = [*RUN, "--num-seeds", "2", "--run-name", "r", "--no-compile"]
+    assert run_ppo(args, tmp_path).returncode == 0
+    before = (tmp_path / "runs" / "r__1" / "checkpoint.pt").read_bytes()
+    ckpt = str(Path("runs") / "r__2" / "checkpoint.pt")
+    resumed = run_ppo(["--resume", ckpt, "--total-timesteps", "1024", "--num-seeds", "1", "--no-compile"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert torch.load(tmp_path / ckpt, weights_only=True)["global_step"] == 1024
+    assert (tmp_path / "runs" / "r__1" / "checkpoint.pt").read_bytes() == before
