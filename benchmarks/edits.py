@@ -209,25 +209,26 @@ SEAMS = {
     "optimizer_state_cleared": [
         (
             "ppo_continuous.py",
-            "            ent_coef = anneal(learner.optimizer, args, iteration)\n",
-            "            ent_coef = anneal(learner.optimizer, args, iteration)\n"
-            "            learner.optimizer.state.clear()\n",
+            "            ent_coef = anneal(run.learner.optimizer, args, iteration)\n",
+            "            ent_coef = anneal(run.learner.optimizer, args, iteration)\n"
+            "            run.learner.optimizer.state.clear()\n",
         )
     ],
     "gradient_rebound": [
         (
             "ppo_continuous.py",
-            "            learner.optimizer.step()\n",
+            "            problem = guarded_step(learner.optimizer, stats, grad_norm, args, epoch)\n",
             "            for p in learner.agent.parameters():\n                p.grad = p.grad * 0.5 + 0.001\n"
-            "            learner.optimizer.step()\n",
+            "            problem = guarded_step(learner.optimizer, stats, grad_norm, args, epoch)\n",
         )
     ],
     "data_rebound": [
         (
             "ppo_continuous.py",
-            "            learner.optimizer.step()\n",
-            "            learner.optimizer.step()\n            for p in learner.agent.parameters():\n"
-            "                p.data = p.data.clamp(-0.3, 0.3)\n",
+            "            ratios.append(stats.ratio.detach())\n",
+            "            for p in learner.agent.parameters():  # after the step\n"
+            "                p.data = p.data.clamp(-0.3, 0.3)\n"
+            "            ratios.append(stats.ratio.detach())\n",
         )
     ],
     # acting: TorchActor is what the numpy actor is checked against
