@@ -21,8 +21,12 @@ import contextlib
 import functools
 import importlib
 import math
+import multiprocessing
 import os
+import queue
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field, replace
 
@@ -357,6 +361,7 @@ class Sampler:
         self.envs = [make_env(env_id, args.capture_video and i == 0, video_dir) for i in range(num_envs)]
         self.spaces = self.check_spaces(env_id, self.envs[0])  # (obs_dim, act_dim): a bad env fails here
         self.action_space = self.envs[0].action_space
+        self.obs_layout = self.envs[0].obs_layout
         self.obs_clip = args.obs_clip
         self.norm_obs = args.norm_obs
         self.seed = seed
@@ -371,6 +376,15 @@ class Sampler:
 
     def check_spaces(self, env_id: str, env: gym.Env) -> tuple[int, int]:
         return check_spaces(env_id, env)
+
+    @property
+    def rng_state(self) -> dict:
+        """The state of the generator of the rollouts' noise (saved in checkpoints)."""
+        return self.rng.bit_generator.state
+
+    @rng_state.setter
+    def rng_state(self, state: dict) -> None:
+        self.rng.bit_generator.state = state
 
     def make_agent(self) -> Agent:
         return Agent(*self.spaces)
@@ -999,18 +1013,26 @@ class SeedRun:
     seed_runs: list = field(default_factory=list)  # with --num-seeds: every seed's checkpoint, for --resume
 
 
-def start_run(args: Args, ckpt: dict | None, device: torch.device) -> SeedRun:
-    """A run's envs, learner (fresh or from its checkpoint), fast paths, run folder and TensorBoard writer."""
-    run_dir = run_folder(args)
-    seed = args.seed + (int(ckpt["global_step"]) if ckpt else 0)
-    sampler = Sampler(args.env_id, args.num_envs, seed, args, os.path.join(run_dir, "videos"))  # a bad env fails here
+def sampler_seed(args: Args, ckpt: dict | None) -> int:
+    """The seed of a run's envs: --seed, moved on by the steps taken when resumed (a resumed run meets new episodes)."""
+    return args.seed + (int(ckpt["global_step"]) if ckpt else 0)
+
+
+def start_run(args: Args, ckpt: dict | None, device: torch.device, sampler=None) -> SeedRun:
+    """A run's envs (`sampler`: its Sampler, already started in a sampler process), learner (fresh or from its
+    checkpoint), fast paths, run folder and TensorBoard writer."""
+    if sampler is None:  # a bad env fails here
+        run_dir = run_folder(args)
+        sampler = Sampler(args.env_id, args.num_envs, sampler_seed(args, ckpt), args, os.path.join(run_dir, "videos"))
+    else:  # its folder was claimed (run_folder) before the sampler process started writing videos into it
+        run_dir = os.path.join("runs", args.run_name)
     learner = make_learner(args, Agent(*sampler.spaces), device)
-    learner.agent.obs_layout = sampler.envs[0].obs_layout
+    learner.agent.obs_layout = sampler.obs_layout
     learner.agent.action_bounds = [sampler.action_space.low, sampler.action_space.high]
     state = RunState()
     if ckpt is not None:
         state = restore_training(ckpt, learner, args.resume)
-        sampler.rng.bit_generator.state = ckpt["sampler_rng"]
+        sampler.rng_state = ckpt["sampler_rng"]
     elif args.norm_obs and args.obs_warmup_steps:
         learner.obs_rms.update_from_moments(*sampler.warm_up(args.obs_warmup_steps))
     start_fast_paths(learner, args)
@@ -1021,17 +1043,15 @@ def start_run(args: Args, ckpt: dict | None, device: torch.device) -> SeedRun:
 
 def save_checkpoint(run: SeedRun) -> None:
     checkpoint = training_checkpoint(run.learner, run.args, run.state, run.monitor.wall_time())
-    checkpoint["sampler_rng"] = run.sampler.rng.bit_generator.state
+    checkpoint["sampler_rng"] = run.sampler.rng_state
     if run.seed_runs:
         checkpoint["seed_runs"] = run.seed_runs
     save_atomic(checkpoint, os.path.join(run.run_dir, "checkpoint.pt"))
 
 
-def rollout_batch(run: SeedRun) -> dict:
-    """Sample a rollout with the learner's latest policy, log its episodes and statistics, and return the batch."""
+def rollout_batch(run: SeedRun, rollout: dict) -> dict:
+    """Count a rollout's steps, log its episodes, merge its statistics and return its batch."""
     learner, state, writer = run.learner, run.state, run.monitor.writer
-    run.sampler.set_policy(policy_weights(learner))
-    rollout = run.sampler.rollout(run.args.num_steps)
     state.global_step += int(rollout["env_steps"])
     learner.fast.read_acting_audits([rollout], state.iteration + 1, state.counters)
     for episodic_return, episodic_length in zip(rollout["episode_returns"], rollout["episode_lengths"]):
@@ -1066,7 +1086,8 @@ def train(args: Args) -> int:
         while run.state.iteration < args.num_iterations and loop.signum is None:
             iteration = run.state.iteration + 1
             ent_coef = anneal(run.learner.optimizer, args, iteration)
-            batch = rollout_batch(run)
+            run.sampler.set_policy(policy_weights(run.learner))
+            batch = rollout_batch(run, run.sampler.rollout(args.num_steps))
             stats, problem = ppo_update(run.learner, batch, args, loss_settings(args, ent_coef), iteration)
             log_update(run, batch, stats, problem, ent_coef)
     if loop.keeps_state:
@@ -1100,54 +1121,220 @@ def seed_runs_to_start(args: Args) -> list[tuple[Args, dict | None]]:
     return starts
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Seeds in one run (--num-seeds): the seeds' samplers in two processes, their updates in this one
+# ---------------------------------------------------------------------------------------------------------------------
+class SamplerFailed(Exception):
+    """A seed's sampler failed (its env raised, or its process died); the message says how, in one line."""
+
+
+def sampler_process(conn, starts: list[tuple[int, Args, int, str]]) -> None:
+    """A sampler process: it builds the Samplers of its seeds ((index, flags, env seed, video folder) each), then
+    serves ("rollout", index, (weights, num_steps)), ("warm_up", index, steps) and ("rng_state", index, state) in
+    order until ("close", ...) or the end of its pipe. Each answer is (index, result, error line or None, rng state)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's: it stops after the iteration
+    torch.set_num_threads(starts[0][1].torch_threads)  # as seed_everything sets it: this process has one core to use
+    samplers = {}
+    try:
+        for index, args, seed, video_dir in starts:
+            samplers[index] = Sampler(args.env_id, args.num_envs, seed, args, video_dir)
+    except Exception as e:  # noqa: BLE001 (said by the training process, in one line)
+        conn.send((None, None, str(e) if isinstance(e, UsageError) else failure(e), None))
+        return
+    described = {i: (s.spaces, s.action_space, s.obs_layout, s.rng_state) for i, s in samplers.items()}
+    conn.send((None, described, None, None))
+    # Answers go out from a thread: a rollout is larger than the pipe's buffer, and its send waits until the training
+    # process reads it, which it does only once it is done updating the other seeds; the next rollout must not wait.
+    outbox: queue.Queue = queue.Queue()
+    threading.Thread(target=send_all, args=(conn, outbox), daemon=True).start()
+    while True:
+        try:
+            command, index, payload = conn.recv()
+        except (EOFError, OSError):
+            return
+        if command == "close":
+            return
+        sampler = samplers[index]
+        try:
+            if command == "rollout":
+                sampler.set_policy(payload[0])
+                result = sampler.rollout(payload[1])
+            elif command == "warm_up":
+                result = sampler.warm_up(payload)
+            else:
+                sampler.rng_state, result = payload, None
+            outbox.put((index, result, None, sampler.rng_state))
+        except Exception as e:  # noqa: BLE001 (that seed's env failed: it stops, this process serves the others)
+            outbox.put((index, None, failure(e), None))
+
+
+def send_all(conn, outbox: queue.Queue) -> None:
+    """Send what comes into `outbox`, in order, until the pipe closes."""
+    try:
+        while True:
+            conn.send(outbox.get())
+    except (BrokenPipeError, OSError):
+        return
+
+
+class SamplerOfProcess:
+    """A seed's Sampler as the training process sees it when it lives in a sampler process: what start_run and the
+    loop use of a Sampler (its spaces, warm_up, the rng state for checkpoints), and a rollout asked for and received
+    apart, so that this process can update other seeds meanwhile."""
+
+    def __init__(self, conn, process, index: int, described: tuple):
+        self.conn, self.process, self.index = conn, process, index
+        self.spaces, self.action_space, self.obs_layout, self.last_rng_state = described
+        self.pending = False
+
+    def ask(self, command: str, payload) -> None:
+        self.conn.send((command, self.index, payload))
+        self.pending = True
+
+    def receive(self):
+        self.pending = False
+        try:
+            index, result, error, rng_state = self.conn.recv()
+        except (EOFError, OSError):
+            raise SamplerFailed(f"its sampler process died (exit code {self.process.exitcode})") from None
+        if error:
+            raise SamplerFailed(f"its env failed ({error})")
+        self.last_rng_state = rng_state
+        return result
+
+    @property
+    def rng_state(self) -> dict:
+        return self.last_rng_state
+
+    @rng_state.setter
+    def rng_state(self, state: dict) -> None:
+        self.ask("rng_state", state)
+        self.receive()
+
+    def warm_up(self, steps: int):
+        self.ask("warm_up", steps)
+        return self.receive()
+
+    def close(self) -> None:
+        """The process is closed with the others (close_sampler_processes)."""
+
+
+def start_sampler_processes(starts: list[tuple[Args, dict | None]]) -> list[SamplerOfProcess]:
+    """The seeds' Samplers in two processes (one for a single seed), seed k in process k % 2: while this process
+    updates one process's seeds, the other process samples."""
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no fork of torch's threads
+    count = min(2, len(starts))
+    processes = []
+    for p in range(count):
+        mine = [
+            (k, a, sampler_seed(a, ckpt), os.path.join("runs", a.run_name, "videos"))
+            for k, (a, ckpt) in enumerate(starts)
+            if k % count == p
+        ]
+        here, there = context.Pipe()
+        process = context.Process(target=sampler_process, args=(there, mine), daemon=True)
+        process.start()
+        there.close()
+        processes.append((here, process))
+    samplers = {}
+    for here, process in processes:
+        try:
+            _, described, error, _ = here.recv()
+        except (EOFError, OSError):
+            raise UsageError(f"a sampler process died as it started (exit code {process.exitcode})") from None
+        if error:
+            raise UsageError(error)
+        samplers |= {k: SamplerOfProcess(here, process, k, d) for k, d in described.items()}
+    return [samplers[k] for k in range(len(starts))]
+
+
+def close_sampler_processes(samplers: list[SamplerOfProcess]) -> None:
+    for conn, process in {(s.conn, s.process) for s in samplers}:
+        with contextlib.suppress(BrokenPipeError, OSError):
+            conn.send(("close", None, None))
+        process.join(timeout=5)
+        if process.is_alive():
+            process.kill()
+
+
+def update_and_log(sampled: list[tuple[SeedRun, dict]], args: Args, seed_gradients: dict) -> None:
+    """Update seeds whose rollouts came in (those at the same iteration together, update_seeds) and log each."""
+    by_iteration: dict[int, list] = {}  # seeds resumed from different iterations update apart
+    for run, batch in sampled:
+        by_iteration.setdefault(run.state.iteration + 1, []).append((run, batch))
+    for iteration, pairs in sorted(by_iteration.items()):
+        runs, batches = [run for run, _ in pairs], [batch for _, batch in pairs]
+        ent_coef = [anneal(run.learner.optimizer, args, iteration) for run in runs][0]
+        key = tuple(id(run) for run in runs)
+        together = seed_gradients.get(key)
+        results, together = update_seeds(runs, batches, args, loss_settings(args, ent_coef), iteration, together)
+        seed_gradients[key] = together
+        for run, batch, (stats, problem) in zip(runs, batches, results):
+            try:
+                with seed_random(run):
+                    log_update(run, batch, stats, problem, ent_coef)
+            except BadBatchError as e:
+                run.status = "stopped_by_guard"
+                say(f"error: seed {run.args.seed}: {e}; the last good checkpoint stays in {run.run_dir}")
+
+
 def train_seeds(args: Args) -> int:
     """--num-seeds N: N seeds in this process, each as its single run would train (its own envs, statistics,
-    optimizer, random streams, guard and files), their updates computed together (update_seeds). A seed whose env
-    fails, or whose guard stops it, stops alone, with its checkpoint and one line; the exit status then says so."""
+    optimizer, random streams, guard and files), their updates computed together (update_seeds). The seeds' envs step
+    in two sampler processes, and the seeds of one update while the other's sample. A seed whose env fails, or whose
+    guard stops it, stops alone, with its checkpoint and one line; the exit status then says so."""
+    starts = seed_runs_to_start(args)
+    for seed_args, _ in starts:
+        run_folder(seed_args)  # an existing folder is refused before any process starts
+    samplers = start_sampler_processes(starts)
+    try:
+        return train_seeds_with(args, starts, samplers)
+    finally:
+        close_sampler_processes(samplers)
+
+
+def train_seeds_with(args: Args, starts: list[tuple[Args, dict | None]], samplers: list[SamplerOfProcess]) -> int:
     device = seed_everything(args)
     runs = []
-    for k, (seed_args, ckpt) in enumerate(seed_runs_to_start(args)):
+    for k, ((seed_args, ckpt), sampler) in enumerate(zip(starts, samplers)):
         torch.manual_seed(seed_args.seed)  # as seed_everything seeds a single run (a checkpoint restores its own)
-        runs.append(start_run(seed_args, ckpt, device))
+        runs.append(start_run(seed_args, ckpt, device, sampler))
         runs[-1].torch_rng = torch.get_rng_state()
         if k > 0:
             runs[-1].monitor.progress.close()  # one progress bar, the first seed's
     for run in runs:
         run.seed_runs = [os.path.join(other.run_dir, "checkpoint.pt") for other in runs]
-    seed_gradients = None
-    if len(runs) > 1 and all(run.learner.fast.compiled for run in runs):
-        seed_gradients = compiled_seed_gradients([run.learner.agent for run in runs])
+    groups = [[run for run in runs if run.sampler.conn is conn] for conn in dict.fromkeys(s.conn for s in samplers)]
+    seed_gradients = {}  # each group's vmapped gradient (None where its seeds update one after another)
+    for group in groups:
+        if len(group) > 1 and all(run.learner.fast.compiled for run in group):
+            seed_gradients[tuple(id(run) for run in group)] = compiled_seed_gradients([r.learner.agent for r in group])
+
+    def ask_rollouts(group: list[SeedRun]) -> None:
+        for run in group:
+            if run.status == "running" and run.state.iteration < run.args.num_iterations:
+                run.sampler.ask("rollout", (policy_weights(run.learner), run.args.num_steps))
+
     with TrainingLoop(runs[0].run_dir) as loop:
-        while loop.signum is None:
-            by_iteration: dict[int, list[SeedRun]] = {}  # seeds resumed from different iterations catch up apart
-            for run in runs:
-                if run.status == "running" and run.state.iteration < run.args.num_iterations:
-                    by_iteration.setdefault(run.state.iteration + 1, []).append(run)
-            if not by_iteration:
-                break
-            for iteration, group in sorted(by_iteration.items()):
-                ent_coef = [anneal(run.learner.optimizer, args, iteration) for run in group][0]
-                sampled, batches = [], []
+        for group in groups:
+            ask_rollouts(group)
+        while any(run.sampler.pending for run in runs):
+            for group in groups:
+                sampled = []
                 for run in group:
+                    if not run.sampler.pending:
+                        continue
                     try:
-                        with seed_random(run):
-                            batches.append(rollout_batch(run))
-                        sampled.append(run)
-                    except Exception as e:  # noqa: BLE001 (one seed's env fails: that seed stops, the others go on)
+                        sampled.append((run, rollout_batch(run, run.sampler.receive())))
+                    except SamplerFailed as e:
                         run.status = "failed"
                         say(
-                            f"error: seed {run.args.seed} stopped: its env failed ({failure(e)}); "
-                            f"continue it with --resume {os.path.join(run.run_dir, 'checkpoint.pt')}"
+                            f"error: seed {run.args.seed} stopped: {e}; continue it with --resume "
+                            f"{os.path.join(run.run_dir, 'checkpoint.pt')}"
                         )
-                loss_kwargs = loss_settings(args, ent_coef)
-                results, seed_gradients = update_seeds(sampled, batches, args, loss_kwargs, iteration, seed_gradients)
-                for run, batch, (stats, problem) in zip(sampled, batches, results):
-                    try:
-                        with seed_random(run):
-                            log_update(run, batch, stats, problem, ent_coef)
-                    except BadBatchError as e:
-                        run.status = "stopped_by_guard"
-                        say(f"error: seed {run.args.seed}: {e}; the last good checkpoint stays in {run.run_dir}")
+                update_and_log(sampled, args, seed_gradients)
+                if loop.signum is None:
+                    ask_rollouts(group)
     exit_status = loop.exit_status()
     for run in runs:
         status = loop.status if run.status == "running" else run.status
@@ -1155,7 +1342,6 @@ def train_seeds(args: Args) -> int:
             with seed_random(run):
                 save_checkpoint(run)
         eval_failed = finish_run(run.monitor, status, run.learner, run.state, sys.modules[__name__])
-        run.sampler.close()
         exit_status = exit_status or (1 if status in ("failed", "stopped_by_guard") else eval_failed)
     return exit_status
 
