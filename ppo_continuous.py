@@ -1132,7 +1132,8 @@ def sampler_process(conn, starts: list[tuple[int, Args, int, str]]) -> None:
     """A sampler process: it builds the Samplers of its seeds ((index, flags, env seed, video folder) each), then
     serves ("rollout", index, (weights, num_steps)), ("warm_up", index, steps) and ("rng_state", index, state) in
     order until ("close", ...) or the end of its pipe. Each answer is (index, result, error line or None, rng state)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's: it stops after the iteration
+    for signum in (signal.SIGINT, signal.SIGTERM):  # the training process's to handle: it stops after the iteration
+        signal.signal(signum, signal.SIG_IGN)  # and closes this process (which exits too when its pipe closes)
     torch.set_num_threads(starts[0][1].torch_threads)  # as seed_everything sets it: this process has one core to use
     samplers = {}
     try:

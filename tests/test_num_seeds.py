@@ -123,8 +123,10 @@ def test_ctrl_c_checkpoints_every_seed_and_resume_continues_them_all(tmp_path):
         ckpt = torch.load(folder / "checkpoint.pt", weights_only=True)
         assert ckpt["seed_runs"] == ["runs/c__1/checkpoint.pt", "runs/c__2/checkpoint.pt"]
         steps.append(ckpt["global_step"])
-    assert steps[0] == steps[1] > 0
-    total = steps[0] + 128
+    # each seed stops at an iteration's end; one sampler process's seeds may be an iteration ahead of the other's
+    # (their next rollouts were already asked for when the signal came)
+    assert min(steps) > 0 and abs(steps[0] - steps[1]) <= 64
+    total = max(steps) + 128
     resumed = run_ppo(
         ["--resume", str(Path("runs") / "c__2" / "checkpoint.pt"), "--total-timesteps", str(total)], tmp_path
     )
