@@ -1036,9 +1036,32 @@ def start_run(args: Args, ckpt: dict | None, device: torch.device, sampler=None)
     elif args.norm_obs and args.obs_warmup_steps:
         learner.obs_rms.update_from_moments(*sampler.warm_up(args.obs_warmup_steps))
     start_fast_paths(learner, args)
-    writer = tensorboard_writer(args, run_dir, resumed_at=state.global_step if args.resume else None)
+    command = extra = None
+    if args.num_seeds > 1:  # the command of this seed's single run, which it trains as; the real one beside it
+        command, extra = single_run_command(args), {"launched_by": [PROG, *sys.argv[1:]]}
+    writer = tensorboard_writer(args, run_dir, state.global_step if args.resume else None, command, extra)
     monitor = Monitor(args, writer, state, sampler.spaces[1], learner.fast)
     return SeedRun(args, run_dir, sampler, learner, state, monitor)
+
+
+def single_run_command(args: Args) -> list[str]:
+    """With --num-seeds: the command line of this seed's single run (this process's flags, less --num-seeds, with the
+    seed's own --seed, --run-name and --resume), which its run.json records so that a sweep compares it as that run."""
+    own = {"--num-seeds", "--seed", "--run-name", "--resume"}
+    flags, skip = [], False
+    for item in sys.argv[1:]:
+        if skip:
+            skip = False
+            continue
+        name = item.partition("=")[0]
+        if name in own:
+            skip = "=" not in item  # its value is the next item
+            continue
+        flags.append(item)
+    flags += [f"--seed={args.seed}", f"--run-name={args.run_name}"]
+    if args.resume:
+        flags.append(f"--resume={args.resume}")
+    return [PROG, *flags]
 
 
 def save_checkpoint(run: SeedRun) -> None:

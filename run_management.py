@@ -161,9 +161,10 @@ def run_folder(args) -> str:
     return run_dir
 
 
-def tensorboard_writer(args, run_dir: str, resumed_at: int | None):
+def tensorboard_writer(args, run_dir: str, resumed_at: int | None, command: list[str] | None = None, extra=None):
     """The run's TensorBoard SummaryWriter in its folder (with wandb mirroring it under --track), once run.json is
-    written. `resumed_at`: the step a resumed run continues from (None for a new run)."""
+    written. `resumed_at`: the step a resumed run continues from (None for a new run). `command`: the command line
+    run.json records (default: this process's); `extra`: more fields for run.json."""
     if args.track:
         try:
             import wandb
@@ -181,7 +182,8 @@ def tensorboard_writer(args, run_dir: str, resumed_at: int | None):
     from torch.utils.tensorboard.summary import hparams
 
     os.makedirs(run_dir, exist_ok=True)
-    record_run(run_dir, [PROG, *sys.argv[1:]], {"hyperparameters": dataclasses.asdict(args)}, resumed_at)
+    fields = {"hyperparameters": dataclasses.asdict(args), **(extra or {})}
+    record_run(run_dir, command or [PROG, *sys.argv[1:]], fields, resumed_at)
     # purge_step drops any points a crashed run wrote after the checkpoint, so a resumed curve continues cleanly.
     writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
     if resumed_at is None:

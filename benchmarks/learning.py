@@ -89,8 +89,32 @@ def run_missing(cfg: argparse.Namespace) -> None:
             continue
         argv = trainer_argv(cfg, (label, impl, config, env_id, seed), folder, status, REPO)
         (distributed if impl.startswith("dppo") else single).append((title, argv, cfg.python))
+    if cfg.seeds_together:
+        single = seeds_together(single, missing, cfg)
     run_jobs(single, cfg.jobs, cwd=os.path.dirname(root))
     run_jobs(distributed, 1, cwd=os.path.dirname(root))
+
+
+def seeds_together(jobs: list[tuple], missing: list[tuple], cfg: argparse.Namespace) -> list[tuple]:
+    """--seeds-together: the new ppo runs of a configuration on an env whose seeds follow each other, as one job of
+    ppo_continuous.py --num-seeds (its folders are the single runs' <label>/<env>__<seed>, and each run.json records
+    its single run's command); every other job as it was."""
+    blocks: dict[tuple, tuple[dict, list[int]]] = {}
+    for label, impl, config, env_id, seed, status in missing:
+        if impl == "ppo" and status == "new":
+            blocks.setdefault((label, env_id), (config, []))[1].append(seed)
+    merged, kept = [], []
+    for (label, env_id), (config, seeds) in blocks.items():
+        for first in [seed for seed in seeds if seed - 1 not in seeds]:
+            count = next(n for n in range(1, len(seeds) + 2) if first + n not in seeds)
+            if count < 2:
+                continue
+            argv = trainer_argv(cfg, (label, "ppo", config, env_id, first), "", "new", REPO)
+            argv = [a for a in argv if not a.startswith("--run-name=")]
+            argv += [f"--run-name={os.path.join(cfg.group, label, env_id)}", f"--num-seeds={count}"]
+            merged.append((f"new {label} on {env_id}, seeds {first} to {first + count - 1} together", argv, cfg.python))
+            kept += [f"new {label} on {env_id}, seed {seed}" for seed in range(first, first + count)]
+    return [job for job in jobs if job[0] not in kept] + merged
 
 
 def missing_runs(cfg: argparse.Namespace) -> list[tuple]:
@@ -225,7 +249,9 @@ def trainer_argv(cfg: argparse.Namespace, run: tuple, folder: str, status: str, 
     label, impl, config, env_id, seed = run
     script, *flags = COMMANDS[impl]
     if status == "resume":
-        return [os.path.join(repo, script), f"--resume={os.path.join(folder, 'checkpoint.pt')}", "--quiet"]
+        argv = [os.path.join(repo, script), f"--resume={os.path.join(folder, 'checkpoint.pt')}", "--quiet"]
+        # a seed of a --num-seeds run resumes alone (its checkpoint would resume all its seeds)
+        return [*argv, "--num-seeds=1"] if script == "ppo_continuous.py" else argv
     steps = cfg.num_steps // 2 if script == "dppo_ray.py" else cfg.num_steps  # 2 actors: the same batch as ppo's
     argv = [os.path.join(repo, script), *flags, *run_flags(cfg, env_id, seed), f"--num-steps={steps}", "--quiet"]
     argv += config_flags(config, cfg.bool_flags)
@@ -288,6 +314,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "baseline of the p-value table (default: ppo dppo_sync dppo_async sb3)",
     )
     p.add_argument("--seeds", type=int, default=2, help="seeds 1..N (default: 2)")
+    p.add_argument(
+        "--seeds-together",
+        action="store_true",
+        help="with --run, locally: train a configuration's new ppo seeds on an env as one process "
+        "(ppo_continuous.py --num-seeds); the run folders and run.json read as the single runs'",
+    )
     p.add_argument(
         "--runs-root", default="runs", help="where the runs' logs are, in the working directory (default: runs)"
     )

@@ -446,3 +446,18 @@ def test_learning_python_is_checked_and_made_absolute(tmp_path, monkeypatch, cap
     with pytest.raises(SystemExit) as stop:
         parse_args(["--python", "venv/bin/nothing"])
     assert stop.value.code == 2 and "--python venv/bin/nothing: no such executable" in capsys.readouterr().err
+
+
+def test_num_seeds_quick_compares_the_three_ways_on_the_same_seeds(tmp_path):
+    out = tmp_path / "num_seeds.md"
+    result = run_script("num_seeds.py", "--quick", "--env-id", "Pendulum-v1", "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = {}
+    for way in ("together (--num-seeds)", "two at a time", "one at a time"):
+        row = re.search(rf"\| {re.escape(way)} \| (\d+) s \| (-?\d+) \| (-?\d+) \| (-?\d+) \|", out.read_text())
+        assert row, out.read_text()
+        rows[way] = [int(x) for x in row.groups()[1:]]
+    assert rows["two at a time"] == rows["one at a time"]  # a single run is deterministic on one machine
+    # Pendulum does not amplify rounding: seeds trained together return what their single runs return
+    assert all(abs(a - b) <= 1 for a, b in zip(rows["together (--num-seeds)"], rows["one at a time"]))
+    assert "Welch 95% interval" in out.read_text()

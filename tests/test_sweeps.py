@@ -307,6 +307,24 @@ def test_a_sweep_never_reuses_a_run_of_other_flags_or_code(tmp_path):
     assert "--total-timesteps=2048" in json.loads((folder / "run.json").read_text())["command"]
 
 
+def test_seeds_together_train_as_one_process_and_read_as_the_single_runs(tmp_path):
+    """--seeds-together trains a configuration's new seeds as one ppo_continuous.py --num-seeds process; each seed's
+    folder and run.json are the single run's, so a sweep without it reuses them, and the table cannot tell."""
+    flags = ["--seeds", "2", "--total-timesteps", "1024", "--num-minibatches", "4"]
+    together = run_local_sweep(tmp_path, *flags, "--seeds-together")
+    assert together.returncode == 0, together.stderr[-3000:]
+    assert "seeds 1 to 2 together" in together.stderr and "seed 1 ..." not in together.stderr
+    for seed in (1, 2):
+        record = json.loads((tmp_path / "runs" / "bench" / "ppo" / f"Pendulum-v1__{seed}" / "run.json").read_text())
+        assert f"--seed={seed}" in record["command"] and not any("--num-seeds" in x for x in record["command"])
+        assert "--num-seeds=2" in record["launched_by"]
+    table = (tmp_path / "out" / "learning.md").read_text()
+    assert "Mixed code" not in table and "| Pendulum-v1 | ppo | 2 |" in table
+    apart = run_local_sweep(tmp_path, "--seeds", "3", "--total-timesteps", "1024", "--num-minibatches", "4")
+    assert apart.returncode == 0, apart.stderr[-3000:]
+    assert "new ppo on Pendulum-v1, seed 3" in apart.stderr and "seed 1" not in apart.stderr  # seeds 1, 2 reused
+
+
 def test_unpack_folder_replaces_the_old_folder_only_once_the_new_one_is_whole(tmp_path):
     from cluster import pack_folder, unpack_folder
 
