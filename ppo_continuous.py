@@ -49,8 +49,10 @@ from checkpoints import (
     unwrapped,
 )
 from fast_paths import (
+    DoesNotFit,
     FastPaths,
     NumpyActor,
+    StackedNumpyActor,
     acting_blockers,
     audit_acting,
     check_acting,
@@ -430,46 +432,24 @@ class Sampler:
         return gae.finite_moments(np.concatenate(seen))
 
     def rollout(self, num_steps: int) -> dict[str, np.ndarray]:
-        """One rollout. A numpy actor is audited on the observations and noise it acted with (audit_acting): where it
-        acted otherwise than TorchActor, its rollout is discarded (its steps and episodes still count) and sampled
-        again acting with torch, for PPO's ratio must be anchored to the policy that acted."""
-        rollout = self.sample(num_steps)
-        if not rollout["acting_problem"]:
-            return rollout
-        self.policy = self.make_actor(False)
-        again = self.sample(num_steps)
-        again["env_steps"] += rollout["env_steps"]
-        for key in ("episode_returns", "episode_lengths"):
-            again[key] = np.concatenate([rollout[key], again[key]])
-        return again | {key: rollout[key] for key in ("acting_audit", "acting_problem")}
+        """One rollout (rollouts_together, for this sampler alone)."""
+        (rollout,) = rollouts_together([self], num_steps)
+        if isinstance(rollout, Exception):
+            raise rollout
+        return rollout
 
     def sample(self, num_steps: int) -> dict[str, np.ndarray]:
-        """The loop does only what the next env step needs; the rest is done on whole arrays after it. (Work done
-        right after an env's wait costs several times more CPU than the same work in a tight loop: caches are cold.)"""
-        num_envs, obs_dim = len(self.envs), self.raw_obs.shape[1]
-        shape = (num_steps, num_envs)
-        obs = np.zeros((*shape, obs_dim), np.float32)
-        raw_obs = np.zeros((num_steps + 1, num_envs, obs_dim))
-        raw_obs[0] = self.raw_obs  # the envs write each step's successor into the next row
-        actions = np.zeros((*shape, *self.action_space.shape), np.float32)
-        rewards = np.zeros(shape)
-        terminations = np.zeros(shape, bool)
-        truncations = np.zeros(shape, bool)
-        final_obs, final_index = [], []
-        noise = self.draw_noise(shape)
-        for step in range(num_steps):
-            # A non-finite observation is acted on as zeros; after the loop its stored row becomes NaN, for the guard.
-            acting_obs = self.normalize(raw_obs[step], out=obs[step], fill=0.0)
-            action = self.policy.act(acting_obs, noise[step])
-            actions[step] = action
-            env_action = self.env_action(action)
-            *_, final = step_envs(
-                self.envs, env_action, (raw_obs[step + 1], rewards[step], terminations[step], truncations[step])
-            )
-            for i, last_obs in final.items():
-                if truncations[step, i] and not terminations[step, i]:
-                    final_obs.append(self.normalize(last_obs))
-                    final_index.append((step, i))
+        """One rollout, unaudited (sample_together, for this sampler alone)."""
+        (rollout,) = sample_together([self], num_steps)
+        if isinstance(rollout, Exception):
+            raise rollout
+        return rollout
+
+    def finish_sample(self, obs, raw_obs, actions, rewards, terminations, truncations, noise, finals) -> dict:
+        """The rollout's arrays as sample_together's loop left them (this sampler's rows), and what follows from them
+        on whole arrays: log-probabilities, the acting audit, NaN rows for the guard, finished episodes, discounted
+        returns, the observations' moments. `finals`: (step, env, last observation) of each truncated episode."""
+        num_steps, obs_dim = len(obs), obs.shape[-1]
         logprobs = self.policy.log_prob(obs, actions, noise).astype(np.float32)
         audit, problem = np.nan, None
         if isinstance(self.policy, NumpyActor):  # audited on the observations as acted (before NaN rows are marked)
@@ -487,8 +467,8 @@ class Sampler:
             "discounted_returns": self.returns.run(rewards, ended),
             "terminations": terminations,
             "truncations": truncations,
-            "final_obs": np.array(final_obs, np.float32).reshape(-1, obs_dim),
-            "final_index": np.array(final_index, np.int64).reshape(-1, 2),
+            "final_obs": np.array([self.normalize(last) for *_, last in finals], np.float32).reshape(-1, obs_dim),
+            "final_index": np.array([index for *index, _ in finals], np.int64).reshape(-1, 2),
             "next_obs": self.normalize(self.raw_obs),
             "obs_mean": obs_mean,
             "obs_var": obs_var,
@@ -518,6 +498,105 @@ class Sampler:
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+def rollouts_together(samplers: list[Sampler], num_steps: int) -> list[dict | Exception]:
+    """One rollout of each sampler (sample_together). A numpy actor is audited on the observations and noise it acted
+    with (audit_acting): where it acted otherwise than TorchActor, its rollout is discarded (its steps and episodes
+    still count) and sampled again acting with torch, for PPO's ratio must be anchored to the policy that acted."""
+    rollouts = sample_together(samplers, num_steps)
+    for k, (sampler, rollout) in enumerate(zip(samplers, rollouts)):
+        if isinstance(rollout, Exception) or not rollout["acting_problem"]:
+            continue
+        sampler.policy = sampler.make_actor(False)
+        (again,) = sample_together([sampler], num_steps)
+        if not isinstance(again, Exception):
+            again["env_steps"] += rollout["env_steps"]
+            for key in ("episode_returns", "episode_lengths"):
+                again[key] = np.concatenate([rollout[key], again[key]])
+            again |= {key: rollout[key] for key in ("acting_audit", "acting_problem")}
+        rollouts[k] = again
+    return rollouts
+
+
+def sample_together(samplers: list[Sampler], num_steps: int) -> list[dict | Exception]:
+    """One rollout of each sampler, their envs stepped in lockstep: a single run has one sampler, a --num-seeds
+    sampler process its seeds', who act in one call (acting_together). Each sampler's envs step apart, so a sampler
+    whose env raises gets the exception as its result and the others go on.
+
+    The loop does only what the next env step needs; the rest is done on whole arrays after it (finish_sample). (Work
+    done right after an env's wait costs several times more CPU than the same work in a tight loop: caches are cold.)"""
+    first = samplers[0]
+    group, num_envs, obs_dim = len(samplers), len(first.envs), first.raw_obs.shape[1]
+    shape = (num_steps, group, num_envs)
+    obs = np.zeros((*shape, obs_dim), np.float32)
+    raw_obs = np.zeros((num_steps + 1, group, num_envs, obs_dim))
+    raw_obs[0] = [sampler.raw_obs for sampler in samplers]  # the envs write each step's successor into the next row
+    actions = np.zeros((*shape, *first.action_space.shape), np.float32)
+    rewards = np.zeros(shape)
+    terminations = np.zeros(shape, bool)
+    truncations = np.zeros(shape, bool)
+    noise = np.stack([sampler.draw_noise((num_steps, num_envs)) for sampler in samplers], axis=1)
+    mean, std = stacked_statistics(samplers)
+    act = acting_together(samplers)
+    finals: list[list] = [[] for _ in samplers]
+    failed: dict[int, Exception] = {}
+    for step in range(num_steps):
+        # A non-finite observation is acted on as zeros; after the loop its stored row becomes NaN, for the guard.
+        acting_obs = gae.normalize_obs(raw_obs[step], mean, std, first.obs_clip, out=obs[step], fill=0.0)
+        action = act(acting_obs, noise[step])
+        actions[step] = action
+        env_actions = first.env_action(action)
+        for k, sampler in enumerate(samplers):
+            if k in failed:
+                continue
+            rows = (raw_obs[step + 1, k], rewards[step, k], terminations[step, k], truncations[step, k])
+            try:
+                *_, final = step_envs(sampler.envs, env_actions[k], rows)
+            except Exception as e:  # noqa: BLE001 (that sampler's rollout ends here; the caller says it)
+                failed[k] = e
+                continue
+            for i, last_obs in final.items():
+                if truncations[step, k, i] and not terminations[step, k, i]:
+                    finals[k].append((step, i, last_obs))
+        if len(failed) == group:
+            break
+    return [
+        failed[k]
+        if k in failed
+        else sampler.finish_sample(
+            obs[:, k],
+            raw_obs[:, k],
+            actions[:, k],
+            rewards[:, k],
+            terminations[:, k],
+            truncations[:, k],
+            noise[:, k],
+            finals[k],
+        )
+        for k, sampler in enumerate(samplers)
+    ]
+
+
+def stacked_statistics(samplers: list[Sampler]) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Each sampler's observation mean and std, stacked to broadcast over (samplers, envs, obs_dim) (None, None
+    without --norm-obs)."""
+    if samplers[0].obs_mean is None:
+        return None, None
+    mean = np.stack([sampler.obs_mean for sampler in samplers])[:, None, :]
+    return mean, np.stack([sampler.obs_std for sampler in samplers])[:, None, :]
+
+
+def acting_together(samplers: list[Sampler]):
+    """The samplers' actions for observations (samplers, envs, obs_dim) and noise of the same leading shape: several
+    seeds' numpy actors as one stacked forward (StackedNumpyActor) where they stack, else each sampler's own actor."""
+    policies = [sampler.policy for sampler in samplers]
+    if len(policies) == 1:
+        return lambda obs, noise: policies[0].act(obs[0], noise[0])[None]
+    if all(isinstance(policy, NumpyActor) for policy in policies):
+        with contextlib.suppress(DoesNotFit):
+            return StackedNumpyActor([sampler.agent for sampler in samplers], policies).act
+    return lambda obs, noise: np.stack([policy.act(o, z) for policy, o, z in zip(policies, obs, noise)])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1153,8 +1232,10 @@ class SamplerFailed(Exception):
 
 def sampler_process(conn, starts: list[tuple[int, Args, int, str]]) -> None:
     """A sampler process: it builds the Samplers of its seeds ((index, flags, env seed, video folder) each), then
-    serves ("rollout", index, (weights, num_steps)), ("warm_up", index, steps) and ("rng_state", index, state) in
-    order until ("close", ...) or the end of its pipe. Each answer is (index, result, error line or None, rng state)."""
+    serves ("rollouts", None, (weights of each seed by index, num_steps)), ("warm_up", index, steps) and ("rng_state",
+    index, state) in order until ("close", ...) or the end of its pipe. Each answer is (index, result, error line or
+    None, rng state), one per seed. The seeds of one "rollouts" step their envs in lockstep and act in one call
+    (rollouts_together)."""
     for signum in (signal.SIGINT, signal.SIGTERM):  # the training process's to handle: it stops after the iteration
         signal.signal(signum, signal.SIG_IGN)  # and closes this process (which exits too when its pipe closes)
     torch.set_num_threads(starts[0][1].torch_threads)  # as seed_everything sets it: this process has one core to use
@@ -1178,18 +1259,33 @@ def sampler_process(conn, starts: list[tuple[int, Args, int, str]]) -> None:
             return
         if command == "close":
             return
+        if command == "rollouts":
+            serve_rollouts(samplers, *payload, outbox)
+            continue
         sampler = samplers[index]
         try:
-            if command == "rollout":
-                sampler.set_policy(payload[0])
-                result = sampler.rollout(payload[1])
-            elif command == "warm_up":
+            if command == "warm_up":
                 result = sampler.warm_up(payload)
             else:
                 sampler.rng_state, result = payload, None
             outbox.put((index, result, None, sampler.rng_state))
         except Exception as e:  # noqa: BLE001 (that seed's env failed: it stops, this process serves the others)
             outbox.put((index, None, failure(e), None))
+
+
+def serve_rollouts(samplers: dict[int, Sampler], weights: dict[int, dict], num_steps: int, outbox: queue.Queue) -> None:
+    """A rollout of each seed in `weights` (its policy's), in lockstep; an answer for each seed, a failure its own."""
+    try:
+        for index, seed_weights in weights.items():
+            samplers[index].set_policy(seed_weights)
+        results = rollouts_together([samplers[index] for index in weights], num_steps)
+    except Exception as e:  # noqa: BLE001 (not an env's: every seed of the call fails with it)
+        results = [e] * len(weights)
+    for index, result in zip(weights, results):
+        if isinstance(result, Exception):
+            outbox.put((index, None, failure(result), None))
+        else:
+            outbox.put((index, result, None, samplers[index].rng_state))
 
 
 def send_all(conn, outbox: queue.Queue) -> None:
@@ -1335,9 +1431,13 @@ def train_seeds_with(args: Args, starts: list[tuple[Args, dict | None]], sampler
             seed_gradients[tuple(id(run) for run in group)] = compiled_seed_gradients([r.learner.agent for r in group])
 
     def ask_rollouts(group: list[SeedRun]) -> None:
-        for run in group:
-            if run.status == "running" and run.state.iteration < run.args.num_iterations:
-                run.sampler.ask("rollout", (policy_weights(run.learner), run.args.num_steps))
+        """One call for the rollouts of a sampler process's seeds still training (they step in lockstep)."""
+        asked = [run for run in group if run.status == "running" and run.state.iteration < run.args.num_iterations]
+        if asked:
+            weights = {run.sampler.index: policy_weights(run.learner) for run in asked}
+            asked[0].sampler.conn.send(("rollouts", None, (weights, asked[0].args.num_steps)))
+            for run in asked:
+                run.sampler.pending = True
 
     with TrainingLoop(runs[0].run_dir) as loop:
         for group in groups:

@@ -8,7 +8,9 @@
   --no-compile and --no-fast-path run), each step taken by make_learner's optimizer, on a random batch of the env's
   shapes. Best of --repeats, after a first update that compiles (its time is reported too).
 - The rollout: us per env step of `Sampler.rollout` (what ppo_continuous.py and every DPPO actor run) against the
-  bare `env.step` loop with the same envs, and the share of the rollout spent outside `env.step`.
+  bare `env.step` loop with the same envs, and the share of the rollout spent outside `env.step`. With --seeds N, the
+  rollouts of N seeds stepped in lockstep and acting in one stacked forward, as a --num-seeds sampler process runs
+  them (`python benchmarks/iteration_profile.py --seeds 4`).
 - The acting audit: ms per iteration of audit_acting (the numpy actor against TorchActor on a real rollout), as a
   share of the iteration (the rollout plus the update).
 Prints a markdown table; with --out, writes it to that file too.
@@ -62,13 +64,17 @@ def profile_update(args: ppo.Args, obs_dim: int, act_dim: int, repeats: int) -> 
     return times
 
 
-def profile_rollout(args: ppo.Args, steps: int, repeats: int) -> dict:
-    sampler = ppo.Sampler(args.env_id, args.num_envs, args.seed, args)
-    learner = ppo.make_learner(args, ppo.Agent(*sampler.spaces), torch.device("cpu"))
-    learner.obs_rms.update_from_moments(*sampler.warm_up(256))
-    ppo.start_fast_paths(learner, args)
-    sampler.set_policy(ppo.policy_weights(learner))
-    rollout = best_seconds(lambda: sampler.rollout(steps), repeats)
+def profile_rollout(args: ppo.Args, steps: int, repeats: int, seeds: int = 1) -> dict:
+    """The rollout of `seeds` samplers in lockstep (rollouts_together: one is a single run's Sampler.rollout, more a
+    --num-seeds sampler process's), each with a learner of its own, against the bare env.step loop over their envs."""
+    samplers = [ppo.Sampler(args.env_id, args.num_envs, args.seed + k, args) for k in range(seeds)]
+    for sampler in samplers:
+        learner = ppo.make_learner(args, ppo.Agent(*sampler.spaces), torch.device("cpu"))
+        learner.obs_rms.update_from_moments(*sampler.warm_up(256))
+        ppo.start_fast_paths(learner, args)
+        sampler.set_policy(ppo.policy_weights(learner))
+    rollout = best_seconds(lambda: ppo.rollouts_together(samplers, steps), repeats)
+    sampler = samplers[0]
     sample = sampler.rollout(steps)
     noise = sampler.draw_noise(sample["rewards"].shape)  # the audit's cost does not depend on which noise
     plain = sampler.make_actor(False)
@@ -78,20 +84,23 @@ def profile_rollout(args: ppo.Args, steps: int, repeats: int) -> dict:
     )
     rng = np.random.default_rng(0)
     space = sampler.action_space
-    actions = rng.uniform(space.low, space.high, size=(steps, args.num_envs, *space.shape))
+    actions = rng.uniform(space.low, space.high, size=(steps, seeds, args.num_envs, *space.shape))
 
     def bare_steps() -> None:
         for step in range(steps):
-            ppo.step_envs(sampler.envs, actions[step])
+            for k, each in enumerate(samplers):
+                ppo.step_envs(each.envs, actions[step, k])
 
     bare = best_seconds(bare_steps, repeats)
-    sampler.close()
-    per_step = 1e6 / (steps * args.num_envs)
+    for each in samplers:
+        each.close()
+    per_step = 1e6 / (steps * seeds * args.num_envs)
     return dict(
         rollout_us=rollout * per_step,
         env_us=bare * per_step,
         outside=1 - bare / rollout,
-        rollout_ms=1000 * rollout,
+        overhead=rollout / bare - 1,
+        rollout_ms=1000 * rollout / seeds,
         audit_acting_ms=1000 * audit,
     )
 
@@ -100,6 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="iteration_profile.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--env-id", default="HalfCheetah-v5", help="env whose shapes and steps are timed")
     p.add_argument("--repeats", type=int, default=3, help="best of this many timings (default: 3)")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="time the rollout of this many seeds in lockstep, as a --num-seeds sampler process samples them "
+        "(default: 1, a single run's rollout)",
+    )
     p.add_argument("--quick", action="store_true", help="smoke test: one epoch, 256 steps, one repeat")
     p.add_argument("--out", default=None, help="also write the table to this file")
     cfg = p.parse_args(argv)
@@ -108,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     steps, repeats = (256, 1) if cfg.quick else (args.num_steps, cfg.repeats)
     try:
         ppo.validate_args(args)  # the batch and minibatch sizes, as a run computes them
-        rollout = profile_rollout(args, steps, repeats)
+        rollout = profile_rollout(args, steps, repeats, cfg.seeds)
     except ppo.UsageError as e:
         print(f"iteration_profile.py: error: {e}", file=sys.stderr)
         return 2
@@ -116,14 +132,20 @@ def main(argv: list[str] | None = None) -> int:
     update = profile_update(args, env.observation_space.shape[0], env.action_space.shape[0], repeats)
     lines = [
         f"{args.env_id}, CleanRL's defaults ({args.num_envs} env x {args.num_steps} steps, {args.num_minibatches} "
-        f"minibatches, {args.update_epochs} epochs), torch {torch.__version__}, 1 thread, best of {repeats}:",
+        f"minibatches, {args.update_epochs} epochs), torch {torch.__version__}, 1 thread, best of {repeats}"
+        + (
+            f"; the rollout of {cfg.seeds} seeds in lockstep (as one --num-seeds sampler process):"
+            if cfg.seeds > 1
+            else ":"
+        ),
         "",
         "| part | this repo | reference | ratio |",
         "|---|--:|--:|--:|",
         f"| update, ms per minibatch (reference: loss.backward()) | {update['compiled_ms']:.3f} | "
         f"{update['backward_ms']:.3f} | {update['backward_ms'] / update['compiled_ms']:.2f}x |",
         f"| rollout, us per env step (reference: bare env.step loop) | {rollout['rollout_us']:.1f} | "
-        f"{rollout['env_us']:.1f} | {rollout['outside']:.0%} of the rollout outside env.step |",
+        f"{rollout['env_us']:.1f} | {rollout['outside']:.0%} of the rollout outside env.step, "
+        f"{rollout['overhead']:.2f} of env.step's cost |",
     ]
     iteration_ms = rollout["rollout_ms"] * args.num_steps / steps + update["update_ms"]
     audit_ms = rollout["audit_acting_ms"] * args.num_steps / steps

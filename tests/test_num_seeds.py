@@ -161,3 +161,75 @@ def test_resuming_one_seed_alone_leaves_the_others(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert torch.load(tmp_path / ckpt, weights_only=True)["global_step"] == 1024
     assert (tmp_path / "runs" / "r__1" / "checkpoint.pt").read_bytes() == before
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A sampler process's seeds step in lockstep and act in one stacked forward
+# ---------------------------------------------------------------------------------------------------------------------
+def seed_sampler(env_id: str, seed: int, agent_seed: int):
+    """A Sampler with its own envs and a perturbed Agent of its own to act with (on the numpy fast path), its
+    observation statistics from a short warm-up."""
+    import gae
+    import ppo_continuous
+    from tests.conftest import perturbed_agent
+
+    sampler = ppo_continuous.Sampler(env_id, 2, seed, ppo_continuous.Args(env_id=env_id))
+    agent = perturbed_agent(*sampler.spaces, seed=agent_seed)
+    obs_rms = gae.RunningMeanStd(shape=(sampler.spaces[0],))
+    obs_rms.update_from_moments(*sampler.warm_up(16))
+    learner = ppo_continuous.Learner(agent, torch.optim.Adam(agent.parameters()), obs_rms, None)
+    learner.fast.acting = True
+    sampler.set_policy(ppo_continuous.policy_weights(learner))
+    return sampler
+
+
+def test_stacked_actor_acts_as_each_seeds_numpy_actor_and_refuses_what_does_not_stack():
+    from fast_paths import DoesNotFit, NumpyActor, StackedNumpyActor
+    from tests.conftest import perturbed_agent
+
+    agents = [perturbed_agent(17, 6, seed=seed) for seed in range(3)]
+    actors = [NumpyActor(agent) for agent in agents]
+    generator = np.random.default_rng(0)
+    obs = generator.standard_normal((3, 4, 17)).astype(np.float32)
+    noise = generator.standard_normal((3, 4, 6))
+    stacked = StackedNumpyActor(agents, actors).act(obs, noise)
+    expected = np.stack([actor.act(o, z) for actor, o, z in zip(actors, obs, noise)])
+    assert not np.allclose(expected[0], expected[1])  # the seeds' weights differ, and so do their actions
+    np.testing.assert_allclose(stacked, expected, rtol=1e-6, atol=1e-6)
+    agents[1].actor_mean[1] = torch.nn.ReLU()  # one seed's edit: its layers no longer match the others'
+    with pytest.raises(DoesNotFit, match="ReLU|Tanh"):
+        StackedNumpyActor(agents, actors)
+    agents[1].actor_mean[1] = torch.nn.LayerNorm(64)  # a layer with weights of its own that numpy does not mirror
+    with pytest.raises(DoesNotFit):
+        StackedNumpyActor(agents, actors)
+
+
+def test_seeds_in_lockstep_sample_what_each_samples_alone():
+    import ppo_continuous
+
+    together = [seed_sampler("Pendulum-v1", seed, seed) for seed in (0, 7)]
+    alone = [seed_sampler("Pendulum-v1", seed, seed) for seed in (0, 7)]
+    # float rounding: the stacked matmul rounds otherwise than one seed's, and a pendulum carries it a little further
+    for _ in range(2):  # the second rollout continues the episodes of the first
+        rollouts = ppo_continuous.rollouts_together(together, 150)
+        for sampler, rollout in zip(alone, rollouts):
+            expected = sampler.rollout(150)
+            assert rollout["acting_problem"] == ""
+            for key in ("obs", "actions", "logprobs", "rewards", "next_obs", "final_obs", "obs_mean"):
+                np.testing.assert_allclose(rollout[key], expected[key], rtol=1e-4, atol=1e-4, err_msg=key)
+            for key in ("terminations", "truncations", "final_index", "episode_lengths"):
+                np.testing.assert_array_equal(rollout[key], expected[key], err_msg=key)
+    assert rollouts[1]["final_index"].size > 0  # an episode ended (Pendulum's end at 200 steps) in the second rollout
+    assert not np.allclose(rollouts[0]["actions"], rollouts[1]["actions"])
+
+
+def test_a_seed_whose_env_raises_in_lockstep_gets_the_error_and_the_others_their_rollouts():
+    import ppo_continuous
+    import tests.envs  # noqa: F401 (registers FailsForSeed2-v0)
+
+    samplers = [seed_sampler("FailsForSeed2-v0", seed, seed) for seed in (0, 2, 4)]  # envs seeded 0, 1; 2, 3; 4, 5
+    rollouts = ppo_continuous.rollouts_together(samplers, 400)
+    assert isinstance(rollouts[1], RuntimeError) and "simulator diverged" in str(rollouts[1])
+    assert [rollouts[k]["env_steps"] for k in (0, 2)] == [800, 800]
+    again = ppo_continuous.rollouts_together([samplers[0], samplers[2]], 10)  # the others go on
+    assert all(rollout["env_steps"] == 20 for rollout in again)
