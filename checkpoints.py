@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib
 import inspect
 import os
 import sys
@@ -23,7 +22,7 @@ import torch
 import tyro
 from torch.distributions import Distribution, Independent, TransformedDistribution
 
-from gae import RunningMeanStd, normalize_obs
+from gae import RunningMeanStd, normalize_obs, running_std
 
 
 class UsageError(Exception):
@@ -189,6 +188,8 @@ RUN_LENGTH_FLAGS = {
     "eval_episodes",
     "checkpoint_every",
     "save_model",
+    "upload_model",
+    "hf_entity",
     "guard_patience",
     "num_seeds",  # --resume resumes every seed of a --num-seeds run; --num-seeds 1 only the one named
 }
@@ -297,7 +298,7 @@ def distribution_mode(dist: Distribution) -> torch.Tensor:
 class Policy:
     """A trained policy with its frozen normalization statistics.
 
-    policy = load_policy("runs/<run>/ppo_continuous.model")
+    policy = ppo_continuous.load_policy("runs/<run>/ppo_continuous.model")
     action = policy.predict(obs)           # one observation or a batch
     """
 
@@ -308,7 +309,7 @@ class Policy:
         self.env_id = saved_args["env_id"]
         self.obs_clip = saved_args["obs_clip"]
         self.obs_mean = obs_rms.mean if saved_args["norm_obs"] else None
-        self.obs_std = np.sqrt(obs_rms.var + 1e-8) if saved_args["norm_obs"] else None
+        self.obs_std = running_std(obs_rms.var) if saved_args["norm_obs"] else None
         self.obs_layout = agent.obs_layout
         self.bounds = getattr(agent, "action_bounds", None)
         self.make_env = script.make_env
@@ -335,10 +336,9 @@ class Policy:
         return actions if obs.ndim > 1 else actions[0]
 
 
-def load_policy(path: str, script=None) -> Policy:
+def load_policy(path: str, script) -> Policy:
     """A model or checkpoint saved by ppo_continuous.py or dppo_ray.py, ready to act. `script`: the module whose Agent
-    it was trained with (default: ppo_continuous; pass your edited copy's module)."""
-    script = script or importlib.import_module("ppo_continuous")
+    acts (ppo_continuous.load_policy passes its own, so an edited copy's acts with the copy's Agent)."""
     ckpt = load_checkpoint(path)
     agent, obs_rms = agent_from_checkpoint(ckpt, path, script)
     return Policy(agent, obs_rms, ckpt["args"], script)

@@ -43,6 +43,7 @@ from tqdm import tqdm
 import checkpoints
 import ppo_continuous as ppo
 from checkpoints import RunState, UsageError, restore_training, resume_checkpoint, save_atomic, training_checkpoint
+from fast_paths import failure
 from run_management import (
     PROG,
     Monitor,
@@ -51,9 +52,9 @@ from run_management import (
     cli,
     finish_run,
     first_line,
-    quiet_mujoco_log,
     require_positive,
     run_folder,
+    say_rounded_timesteps,
     seed_everything,
     tensorboard_writer,
 )
@@ -70,11 +71,18 @@ MACHINE_FLAGS = checkpoints.MACHINE_FLAGS | {
     "max_actor_restarts",
 }
 
+# CleanRL's flags that this script has no field for, each refused in one line that says what to give instead
+REFUSED_FLAGS = {
+    "--num-envs": "is ppo_continuous.py's: dppo_ray.py steps --num-actors x --num-envs-per-actor envs (for CleanRL's "
+    "--num-envs N, give --num-actors N)",
+}
+
 
 @dataclass
 class Args(ppo.Args):
-    """Every flag of ppo_continuous.py, with the same meaning, plus the distribution's. The rollout's shape is
-    --num-actors x --num-envs-per-actor envs of --num-steps steps each."""
+    """Every flag of ppo_continuous.py, with the same meaning, plus the distribution's; but the rollout's shape is
+    --num-actors x --num-envs-per-actor envs of --num-steps steps each, so --num-envs is refused (REFUSED_FLAGS), and
+    --num-seeds is ppo_continuous.py's alone."""
 
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment"""
@@ -299,7 +307,7 @@ class ActorPool:
         try:
             return self.ray.get(ref, timeout=timeout)
         except self.ray.exceptions.RayTaskError as e:
-            raise StopRun(f"a rollout actor failed: {error_line(e, -1)}") from None
+            raise StopRun(f"a rollout actor failed: {last_line(e)}") from None
 
     def actor_errors(self) -> tuple[type[BaseException], ...]:
         return () if self.ray is None else (self.ray.exceptions.RayActorError,)
@@ -323,7 +331,7 @@ class ActorPool:
         cap = self.args.max_actor_restarts
         while True:
             if error is not None and getattr(error, "actor_init_failed", False):
-                raise StopRun(f"rollout actor {index} failed as it started: {error_line(error, -1)}")
+                raise StopRun(f"rollout actor {index} failed as it started: {last_line(error)}")
             self.restarts += 1
             self.counters["actor_restarts"] += 1
             if self.restarts > cap:
@@ -337,10 +345,10 @@ class ActorPool:
             )
             if self.weights_ref is None:
                 return
-            failure = self.resend_weights(index)
-            if failure is None:
+            failed_again = self.resend_weights(index)
+            if failed_again is None:
                 return
-            why, kill, error = failure
+            why, kill, error = failed_again
 
     def resend_weights(self, index: int) -> tuple[str, bool, BaseException | None] | None:
         """Send a restarted actor the current weights; None once it has them, else (why, kill, error) for restart.
@@ -358,7 +366,7 @@ class ActorPool:
                     continue
                 return f"did not come back within {startup:g} s of its restart", True, None
             except self.actor_errors() as e:
-                return f"failed again on its restart ({describe(e)})", False, e
+                return f"failed again on its restart ({failure(e)})", False, e
             except self.timeout_errors():
                 return f"did not come back within {startup:g} s of its restart", True, None
 
@@ -374,7 +382,7 @@ class ActorPool:
                     answers.append(self.get(ref, self.wait_timeout(timeout)))
                     break
                 except self.actor_errors() as e:
-                    self.restart(index, f"failed in {method} ({describe(e)})", False, e)
+                    self.restart(index, f"failed in {method} ({failure(e)})", False, e)
                 except self.timeout_errors():
                     self.restart(index, f"did not answer {method} within {timeout:g} s", kill=True)
                 ref = self.call(index, method, *call_args)
@@ -391,7 +399,7 @@ class ActorPool:
             try:
                 self.get(ack, self.wait_timeout())
             except self.actor_errors() as e:
-                self.restart(index, f"failed ({describe(e)})", False, e)
+                self.restart(index, f"failed ({failure(e)})", False, e)
             except self.timeout_errors():
                 self.restart(index, f"did not take the weights within --rollout-timeout {self.timeout:g} s", kill=True)
         return time.perf_counter() - start
@@ -436,7 +444,7 @@ class ActorPool:
                     rollout = self.get(ref)
                 except self.actor_errors() as e:
                     self.counters["lost_rollouts"] += 1
-                    self.restart(index, f"failed ({describe(e)}); its rollout is lost", False, e)
+                    self.restart(index, f"failed ({failure(e)}); its rollout is lost", False, e)
                     self.submit(index)
                     continue
                 if "needs_weights" in rollout:
@@ -459,15 +467,11 @@ class Interrupted(Exception):
     """Ctrl-C or SIGTERM came while the learner waited for rollouts: the iteration stops there."""
 
 
-def describe(e: BaseException) -> str:
-    return f"{type(e).__name__}: {error_line(e)}"
-
-
-def error_line(e: BaseException, which: int = 0) -> str:
-    """One line of an exception's message: the first (Ray's own summary), or the last (-1: what an exception raised
-    inside an actor said, under Ray's traceback)."""
+def last_line(e: BaseException) -> str:
+    """The last line of an exception's message: for one raised inside an actor, what it said, under Ray's traceback
+    (fast_paths.failure gives the first, Ray's own summary)."""
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    return lines[which] if lines else type(e).__name__
+    return lines[-1] if lines else type(e).__name__
 
 
 def loss_settings(args: Args, ent_coef: float) -> dict:
@@ -559,7 +563,6 @@ def init_ray(args: Args):
 # ---------------------------------------------------------------------------------------------------------------------
 def train(args: Args) -> int:
     ckpt = resume_checkpoint(args)
-    quiet_mujoco_log()
     env = ppo.make_env(args.env_id)  # a bad env id fails here, before Ray starts
     space = env.action_space
     bounds = [space.low, space.high] if hasattr(space, "low") else None
@@ -603,6 +606,7 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple, run_dir: str, devic
     ppo.start_fast_paths(learner, args, numpy_acting=not discrete)
     writer = tensorboard_writer(args, run_dir, resumed_at=state.global_step if args.resume else None)
     monitor = Monitor(args, writer, state, act_dim, learner.fast)
+    say_rounded_timesteps(args)
     actor_nodes: set[str] = set()
 
     def save_checkpoint() -> None:
@@ -692,4 +696,4 @@ def learn(args: Args, ray, ckpt: dict | None, spaces: tuple, run_dir: str, devic
 
 
 if __name__ == "__main__":
-    sys.exit(cli(Args, validate_args, train, sys.modules[__name__], MACHINE_FLAGS))
+    sys.exit(cli(Args, validate_args, train, sys.modules[__name__], MACHINE_FLAGS, REFUSED_FLAGS))

@@ -36,7 +36,8 @@ RANDOM_LAYERS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaD
 
 
 def say(line: str) -> None:
-    """A fast path's one line (why it stepped aside), on stderr, under the running script's name."""
+    """One line on stderr under the running script's name: why a fast path stepped aside, and the training script's
+    other notes (a seed that stopped, an attribute the samplers' copies do not carry)."""
     print(f"{PROG}: {line}", file=sys.stderr)
 
 
@@ -224,18 +225,9 @@ def audit_acting(actor: NumpyActor, plain_actor, obs: np.ndarray, noise: np.ndar
     return worst_of(compared, "TorchActor on this rollout's observations")
 
 
-def acting_blockers(agent: nn.Module) -> str | None:
-    """What a numpy mirror of a sampler's copy cannot carry (a random layer, a module hook), in words, or None."""
-    for name, module in agent.named_modules():
-        if isinstance(module, RANDOM_LAYERS):
-            return f"a random layer ({type(module).__name__}) in {name or 'Agent'}"
-    return module_hooks(agent)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# The compiled gradient: when it cannot stand in for loss.backward() through the live Agent
-# ---------------------------------------------------------------------------------------------------------------------
 def module_hooks(agent: nn.Module) -> str | None:
+    """A forward or backward hook on one of the Agent's modules, or a global one, in words, or None: where there is
+    one, neither the numpy mirror nor the compiled gradient stands in (acting_blockers and compile_blockers ask)."""
     from torch.nn.modules import module as module_globals
 
     hooked = [name or "Agent" for name, m in agent.named_modules() if m._forward_hooks or m._forward_pre_hooks]
@@ -247,6 +239,17 @@ def module_hooks(agent: nn.Module) -> str | None:
     return None
 
 
+def acting_blockers(agent: nn.Module) -> str | None:
+    """What a numpy mirror of a sampler's copy cannot carry (a random layer, a module hook), in words, or None."""
+    for name, module in agent.named_modules():
+        if isinstance(module, RANDOM_LAYERS):
+            return f"a random layer ({type(module).__name__}) in {name or 'Agent'}"
+    return module_hooks(agent)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The compiled gradient: when it cannot stand in for loss.backward() through the live Agent
+# ---------------------------------------------------------------------------------------------------------------------
 def compile_blockers(agent: nn.Module) -> str | None:
     """Why the compiled gradient (torch.func over the Agent's parameters, in a graph of its own) would not compute
     what loss.backward() through the live Agent does, in words; None when it would. Checked before every update, so a
@@ -272,6 +275,9 @@ def compile_blockers(agent: nn.Module) -> str | None:
     return None
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Which way each part runs
+# ---------------------------------------------------------------------------------------------------------------------
 @dataclass
 class FastPaths:
     """Which way each part runs: `acting` True for NumpyActor; `compiled` the compiled gradient function

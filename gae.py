@@ -2,7 +2,8 @@
 statistics used to normalize observations and scale rewards, and the numerical guard's per-sample checks.
 
 Every function here is a pure function of arrays (or a small running statistic) with a unit test against a
-hand-computed or independent reference (tests/test_gae.py). Nothing else in the repository re-implements these formulas.
+hand-computed or independent reference (tests/test_gae.py). The scripts call these; apart from those references in the
+tests, nothing in the repository re-implements these formulas.
 """
 
 from __future__ import annotations
@@ -202,7 +203,7 @@ class RunningMeanStd:
         self.count = total
 
     def normalize(self, x: np.ndarray, clip: float, epsilon: float = 1e-8) -> np.ndarray:
-        return np.clip((x - self.mean) / np.sqrt(self.var + epsilon), -clip, clip)
+        return np.clip((x - self.mean) / running_std(self.var, epsilon), -clip, clip)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Tensors only, so that checkpoints load with torch.load(weights_only=True)."""
@@ -217,6 +218,12 @@ class RunningMeanStd:
         if mean.shape != self.mean.shape or var.shape != self.var.shape:
             raise ValueError(f"normalizer shape {tuple(mean.shape)} does not match {tuple(self.mean.shape)}")
         self.mean, self.var, self.count = mean.copy(), var.copy(), float(state["count"])
+
+
+def running_std(var: np.ndarray, epsilon: float = 1e-8) -> np.ndarray:
+    """The std that a running variance normalizes by: sqrt(var + epsilon), where epsilon keeps an entry that never
+    varied (var 0) from dividing by zero."""
+    return np.sqrt(var + epsilon)
 
 
 def finite_moments(batch: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
@@ -279,7 +286,7 @@ class DiscountedReturn:
 
 def scale_rewards(rewards: np.ndarray, return_rms: RunningMeanStd, clip: float, epsilon: float = 1e-8) -> np.ndarray:
     """Divide by the std of the discounted return, then clip to +-clip."""
-    return np.clip(rewards / np.sqrt(return_rms.var + epsilon), -clip, clip)
+    return np.clip(rewards / running_std(return_rms.var, epsilon), -clip, clip)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -2,10 +2,11 @@
 
     python ppo_continuous.py --env-id HalfCheetah-v5 --total-timesteps 1000000
 
-Flags and TensorBoard tags follow CleanRL's ppo_continuous_action.py, so a CleanRL command line pastes as is and the
-curves overlay. Differences that matter: time-limit truncations bootstrap from V(final observation), normalization
-statistics are saved with the policy and frozen at evaluation, a numerical guard drops bad samples, and runs can be
-checkpointed, interrupted (Ctrl-C or SIGTERM) and resumed.
+Flags and TensorBoard tags follow CleanRL's ppo_continuous_action.py, so a CleanRL command line pastes as is (each of
+its flags is taken; --upload-model is refused in one line) and the curves overlay. Differences that matter: time-limit
+truncations bootstrap from V(final observation), normalization statistics are saved with the policy and frozen at
+evaluation, a numerical guard drops bad samples, and runs can be checkpointed, interrupted (Ctrl-C or SIGTERM) and
+resumed.
 
 The file reads top to bottom as the algorithm: flags, env, agent, acting, the rollout, advantages with the guard, the
 update, the training loop and its logging. The math lives in gae.py. The update runs the code on this page: every
@@ -70,6 +71,7 @@ from run_management import (
     quiet_mujoco_log,
     require_positive,
     run_folder,
+    say_rounded_timesteps,
     seed_everything,
     tensorboard_writer,
 )
@@ -95,6 +97,10 @@ class Args:
     """whether to capture videos of the agent's first env (saved under runs/<run-name>/videos; needs moviepy)"""
     save_model: bool = False
     """whether to save the final policy (with its normalization statistics) to runs/<run-name>/<exp-name>.model"""
+    upload_model: bool = False
+    """CleanRL's upload of the saved model to the Hugging Face Hub: not supported here (refused in one line)"""
+    hf_entity: str = ""
+    """the user or org name of the model repository on the Hugging Face Hub (CleanRL's; only --upload-model uses it)"""
 
     # Algorithm-specific arguments (CleanRL's names and defaults)
     env_id: str = "HalfCheetah-v5"
@@ -194,6 +200,13 @@ def validate_args(args: Args, batch_shape: str | None = None) -> None:
     positive = ["total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"]
     positive += ["guard_patience", "torch_threads", "learning_rate", "clip_coef", "obs_clip", "reward_clip"]
     require_positive(args, [*positive, "guard_max_abs", "num_seeds"])
+    if args.upload_model:
+        raise UsageError(
+            "--upload-model (CleanRL's upload to the Hugging Face Hub) is not supported here: save the model with "
+            "--save-model and upload runs/<run-name>/<exp-name>.model with `huggingface-cli upload`"
+        )
+    if args.capture_video:
+        require_moviepy()
     if args.num_seeds > 1 and args.track:
         raise UsageError("--track and --num-seeds do not fit together: track each seed as a run of its own")
     if not 0 < args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
@@ -216,12 +229,23 @@ def validate_args(args: Args, batch_shape: str | None = None) -> None:
         raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
 
 
+def require_moviepy() -> None:
+    """--capture-video writes its videos with moviepy (through gymnasium's RecordVideo): without it the first env would
+    fail to build, so it is refused before the run starts."""
+    try:
+        importlib.import_module("moviepy.video.io.ImageSequenceClip")  # what gymnasium's RecordVideo writes with
+    except Exception as e:  # noqa: BLE001 (missing, or installed but broken: either way no video can be written)
+        reason = checkpoints.first_line(e)
+        raise UsageError(f"--capture-video needs moviepy, which does not import ({reason}): pip install moviepy") from e
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Environment
 # ---------------------------------------------------------------------------------------------------------------------
 def make_env(env_id: str, capture_video: bool = False, video_dir: str = "") -> gym.Env:
     """gym.make, with a Dict or Tuple observation (dm_control's, say) flattened into one vector; `env.obs_layout`
     records how (checkpoints.observation_layout), and is saved with the policy."""
+    quiet_mujoco_log()  # before the model is built, in every process and for every use (training, evaluation)
     try:
         if env_id.startswith("dm_control/"):  # gymnasium 1.x loads no plugins: Shimmy registers these ids on import
             importlib.import_module("shimmy")
@@ -359,7 +383,6 @@ class Sampler:
     and the raw observations' moments go back to the learner, which owns the statistics."""
 
     def __init__(self, env_id: str, num_envs: int, seed: int, args: Args, video_dir: str = ""):
-        quiet_mujoco_log()
         self.envs = [make_env(env_id, args.capture_video and i == 0, video_dir) for i in range(num_envs)]
         self.spaces = self.check_spaces(env_id, self.envs[0])  # (obs_dim, act_dim): a bad env fails here
         self.action_space = self.envs[0].action_space
@@ -411,7 +434,7 @@ class Sampler:
         self.policy = self.make_actor(bool(weights["fast_acting"]))
         if self.norm_obs:
             self.obs_mean = weights["obs_mean"]
-            self.obs_std = np.sqrt(weights["obs_var"] + 1e-8)
+            self.obs_std = gae.running_std(weights["obs_var"])
 
     def normalize(self, raw: np.ndarray, out: np.ndarray | None = None, fill: float = np.nan) -> np.ndarray:
         return gae.normalize_obs(raw, self.obs_mean, self.obs_std, self.obs_clip, out, fill)
@@ -1184,6 +1207,7 @@ def train(args: Args) -> int:
         return train_seeds(args)
     ckpt = resume_checkpoint(args)
     run = start_run(args, ckpt, seed_everything(args))
+    say_rounded_timesteps(args)
     with TrainingLoop(run.run_dir) as loop:
         while run.state.iteration < args.num_iterations and loop.signum is None:
             iteration = run.state.iteration + 1
@@ -1424,6 +1448,7 @@ def train_seeds_with(args: Args, starts: list[tuple[Args, dict | None]], sampler
             runs[-1].monitor.progress.close()  # one progress bar, the first seed's
     for run in runs:
         run.seed_runs = [os.path.join(other.run_dir, "checkpoint.pt") for other in runs]
+    say_rounded_timesteps(args)
     groups = [[run for run in runs if run.sampler.conn is conn] for conn in dict.fromkeys(s.conn for s in samplers)]
     seed_gradients = {}  # each group's vmapped gradient (None where its seeds update one after another)
     for group in groups:

@@ -1,9 +1,11 @@
 """Tests of checkpoints.py, mostly end to end through ppo_continuous.py as a user runs it (a subprocess in a fresh
 working directory): checkpoint files and resuming from them, corrupt or foreign checkpoints refused, and saved
-policies loaded and evaluated."""
+policies loaded and evaluated; and the modules' import layers (checkpoints.py is handed a script's module, never
+imports one)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import pickle
@@ -115,3 +117,35 @@ def test_resume_from_checkpoint_of_another_env_is_refused(tmp_path):
     ckpt = str(tmp_path / "runs" / "x" / "checkpoint.pt")
     result = run_ppo(["--env-id", "Hopper-v5", "--resume", ckpt, *SMALL], tmp_path)
     assert result.returncode == 2 and "was trained on Pendulum-v1, not --env-id Hopper-v5" in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The modules' layers: each imports only those below it
+# ---------------------------------------------------------------------------------------------------------------------
+LAYERS = {"gae": 0, "checkpoints": 1, "fast_paths": 2, "run_management": 2, "ppo_continuous": 3, "dppo_ray": 4}
+
+
+def repository_imports(module: str) -> set[str]:
+    """The repository's modules that `module` imports anywhere in its file: import statements at any depth, and
+    importlib.import_module of a constant name."""
+    tree = ast.parse((REPO / f"{module}.py").read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module":
+            names |= {str(arg.value).split(".")[0] for arg in node.args[:1] if isinstance(arg, ast.Constant)}
+    return names & set(LAYERS)
+
+
+def test_each_module_imports_only_the_layers_below_it():
+    """gae <- checkpoints <- fast_paths, run_management <- ppo_continuous <- dppo_ray: no circles, and a module that
+    needs a script's code (checkpoints rebuilding an Agent) is handed the script's module instead of importing it."""
+    upward = {
+        module: sorted(name for name in repository_imports(module) if LAYERS[name] >= LAYERS[module])
+        for module in LAYERS
+    }
+    assert upward == {module: [] for module in LAYERS}
+    assert repository_imports("dppo_ray") >= {"ppo_continuous", "checkpoints", "run_management"}, "the check sees them"

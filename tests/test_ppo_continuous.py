@@ -1,7 +1,7 @@
 """Tests of ppo_continuous.py's algorithm: the Agent, acting, the rollout, the wiring of GAE, and end to end, run
-exactly as a user runs it (a subprocess in a fresh working directory), the training loop's TensorBoard tags and
-learning. (The stacked update against the plain one: test_fast_paths.py; checkpoints: test_checkpoints.py; run
-management: test_run_management.py.)"""
+exactly as a user runs it (a subprocess in a fresh working directory), CleanRL's command line, the training loop's
+TensorBoard tags and learning. (The numpy actor and the compiled gradient against the plain path: test_fast_paths.py;
+checkpoints: test_checkpoints.py; run management: test_run_management.py.)"""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import REPO, SMALL, VALUE_FIT, perturbed_agent, run_ppo, tensorboard_events
+from tests.conftest import REPO, SMALL, VALUE_FIT, perturbed_agent, run_ppo, run_python, tensorboard_events
 
 sys.path.insert(0, str(REPO))
 
@@ -45,11 +45,12 @@ def pendulum_run(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("pendulum")
     result = run_ppo(["--env-id", "Pendulum-v1", "--total-timesteps", "1024", "--run-name", "p", *SMALL], cwd)
     assert result.returncode == 0, result.stderr
-    return cwd, cwd / "runs" / "p"
+    return cwd, cwd / "runs" / "p", result.stderr
 
 
 def test_tensorboard_tags_and_summary(pendulum_run):
-    cwd, run_dir = pendulum_run
+    cwd, run_dir, stderr = pendulum_run
+    assert "rounded down" not in stderr, "1024 steps are 4 whole batches: nothing to say"
     acc = tensorboard_events(run_dir, histograms=0)
     tags = set(acc.Tags()["scalars"])
     missing = [t for t in CLEANRL_TAGS if t not in tags]
@@ -70,6 +71,7 @@ def test_tensorboard_tags_and_summary(pendulum_run):
     for key in ["final_entropy", "final_explained_variance", "final_approx_kl", "mean_return_last_episodes"]:
         assert isinstance(summary[key], float), key
     assert summary["wall_time_seconds"] > 0
+    assert not any(key.startswith("eval_") for key in summary), "no --save-model: no evaluation"
     # the user's working directory gets runs/ and nothing else
     assert sorted(os.listdir(cwd)) == ["runs"]
     assert (run_dir / "checkpoint.pt").is_file()
@@ -92,6 +94,111 @@ def test_same_seed_same_run(tmp_path):
     assert other.returncode == 0
     c = [e.value for e in tensorboard_events(tmp_path / "a" / "runs" / "t").Scalars("losses/value_loss")]
     assert c != [e.value for e in runs[0].Scalars("losses/value_loss")], "a different seed must change the run"
+
+
+# Every field of CleanRL's ppo_continuous_action.py Args, with its default, as its command line spells them (a bool as
+# --flag or --no-flag, None as None)
+CLEANRL_DEFAULTS = {
+    "--exp-name": "ppo_continuous_action",
+    "--seed": "1",
+    "--torch-deterministic": None,
+    "--cuda": None,
+    "--no-track": None,
+    "--wandb-project-name": "cleanRL",
+    "--wandb-entity": "None",
+    "--no-capture-video": None,
+    "--no-save-model": None,
+    "--no-upload-model": None,
+    "--hf-entity": "",
+    "--env-id": "HalfCheetah-v4",
+    "--total-timesteps": "1000000",
+    "--learning-rate": "0.0003",
+    "--num-envs": "1",
+    "--num-steps": "2048",
+    "--anneal-lr": None,
+    "--gamma": "0.99",
+    "--gae-lambda": "0.95",
+    "--num-minibatches": "32",
+    "--update-epochs": "10",
+    "--norm-adv": None,
+    "--clip-coef": "0.2",
+    "--clip-vloss": None,
+    "--ent-coef": "0.0",
+    "--vf-coef": "0.5",
+    "--max-grad-norm": "0.5",
+    "--target-kl": "None",
+    "--batch-size": "0",
+    "--minibatch-size": "0",
+    "--num-iterations": "0",
+}
+
+
+def cleanrl_command(drop: tuple[str, ...] = (), **values: str) -> list[str]:
+    """CleanRL's full flag set with its defaults, less the flags in `drop`, with `values` for some (by the flag's
+    name in Python: env_id="Pendulum-v1")."""
+    assert {f"--{name.replace('_', '-')}" for name in values} <= set(CLEANRL_DEFAULTS), values
+    flags = {flag: values.get(flag[2:].replace("-", "_"), default) for flag, default in CLEANRL_DEFAULTS.items()}
+    return [item for flag, value in flags.items() if flag not in drop for item in [flag, value] if item is not None]
+
+
+def test_a_cleanrl_command_line_with_every_flag_trains_and_upload_model_is_refused_in_one_line(tmp_path):
+    """Every flag of CleanRL's Args, spelled out, is taken with CleanRL's meaning (the run's summary records each
+    value; batch sizes and iterations are computed, as in CleanRL). --upload-model is refused in one line, exit status
+    2, by both scripts; dppo_ray.py, which has --num-actors x --num-envs-per-actor envs, refuses --num-envs so."""
+    short = dict(env_id="Pendulum-v1", total_timesteps="128", num_steps="64", num_minibatches="2", update_epochs="1")
+    ours = ["--quiet", "--no-compile"]  # after the CleanRL line: no progress bar, no compile start-up
+    result = run_ppo([*cleanrl_command(**short), *ours], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "error" not in result.stderr, result.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name.startswith("Pendulum-v1__ppo_continuous_action__1__")
+    hyperparameters = json.loads((run_dir / "summary.json").read_text())["hyperparameters"]
+    expected = {
+        "exp_name": "ppo_continuous_action",
+        "seed": 1,
+        "torch_deterministic": True,
+        "cuda": True,
+        "track": False,
+        "wandb_project_name": "cleanRL",
+        "wandb_entity": None,
+        "capture_video": False,
+        "save_model": False,
+        "upload_model": False,
+        "hf_entity": "",
+        "env_id": "Pendulum-v1",
+        "total_timesteps": 128,
+        "learning_rate": 3e-4,
+        "num_envs": 1,
+        "num_steps": 64,
+        "anneal_lr": True,
+        "gamma": 0.99,
+        "gae_lambda": 0.95,
+        "num_minibatches": 2,
+        "update_epochs": 1,
+        "norm_adv": True,
+        "clip_coef": 0.2,
+        "clip_vloss": True,
+        "ent_coef": 0.0,
+        "vf_coef": 0.5,
+        "max_grad_norm": 0.5,
+        "target_kl": None,
+        "batch_size": 64,
+        "minibatch_size": 32,
+        "num_iterations": 2,
+    }
+    assert {name: hyperparameters[name] for name in expected} == expected
+
+    for script, drop in [("ppo_continuous.py", ()), ("dppo_ray.py", ("--num-envs",))]:
+        upload = [*cleanrl_command(("--no-upload-model", *drop), **short), "--upload-model"]
+        refused = run_python(REPO / script, [*upload, *ours], tmp_path)
+        lines = refused.stderr.strip().splitlines()
+        assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+        assert lines[0].startswith(f"{script}: error: --upload-model") and "--save-model" in lines[0], lines[0]
+    refused = run_python(REPO / "dppo_ray.py", [*cleanrl_command(**short), *ours], tmp_path)
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+    assert lines[0].startswith("dppo_ray.py: error: --num-envs") and "--num-actors" in lines[0], lines[0]
+    assert [path.name for path in (tmp_path / "runs").iterdir()] == [run_dir.name], "a refused run leaves no folder"
 
 
 # ---------------------------------------------------------------------------------------------------------------------

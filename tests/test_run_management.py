@@ -1,22 +1,34 @@
 """Tests of run_management.py, mostly end to end through ppo_continuous.py as a user runs it (a subprocess in a fresh
 working directory): the run folder, MuJoCo's log, the numerical guard's counting and stopping, health warnings,
-signals (Ctrl-C), one-line errors of the command line, and the deferred import of torch._dynamo."""
+signals (Ctrl-C), one-line errors of the command line (--capture-video without moviepy among them), the line saying
+--total-timesteps was rounded down, summary.json's --save-model evaluation and library versions, and a machine
+without a C++ compiler for torch.compile."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 import torch
 
-from tests.conftest import PPO_SCRIPT, REPO, SMALL, VALUE_FIT, run_ppo, tensorboard_events
+from tests.conftest import (
+    PPO_SCRIPT,
+    REPO,
+    SMALL,
+    VALUE_FIT,
+    run_ppo,
+    run_python,
+    scalars,
+    tensorboard_events,
+    wait_until_trained,
+)
 
 sys.path.insert(0, str(REPO))
 
@@ -115,10 +127,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
         text=True,
     )
     run_dir = tmp_path / "runs" / "i"
-    deadline = time.time() + 120
-    while time.time() < deadline and not list(run_dir.glob("events.*")):
-        time.sleep(0.5)
-    time.sleep(4)  # let a few iterations run
+    assert wait_until_trained(run_dir, proc), "the run ended before its first update"
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
@@ -175,12 +184,17 @@ def test_bad_input_one_line_error(tmp_path, args, message):
     assert not (tmp_path / "runs").exists(), "a refused run must not leave a run folder behind"
 
 
-def test_mujocos_settotalmass_deprecation_is_not_printed_but_other_warnings_are(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import run_management as rm, gymnasium as gym; rm.quiet_mujoco_log(); gym.make('HalfCheetah-v5').reset()",
+        # how every env of the scripts is made (training, evaluation, --eval-checkpoint, load_policy, DPPO's actors)
+        "import ppo_continuous; ppo_continuous.make_env('HalfCheetah-v5').reset(seed=0)",
+    ],
+)
+def test_mujocos_settotalmass_deprecation_is_not_printed_but_other_warnings_are(tmp_path, capsys, code):
     """Every HalfCheetah env used to print MuJoCo's deprecation of gymnasium's `settotalmass` (two lines on stderr),
     which a user cannot act on; other MuJoCo warnings still reach stderr, and no MUJOCO_LOG.TXT is written."""
-    code = (
-        "import run_management as rm, gymnasium as gym; rm.quiet_mujoco_log(); gym.make('HalfCheetah-v5').reset(seed=0)"
-    )
     environment = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=environment
@@ -191,6 +205,56 @@ def test_mujocos_settotalmass_deprecation_is_not_printed_but_other_warnings_are(
     run_management.mujoco_warning("compiler attribute 'settotalmass' is deprecated and will be removed")
     run_management.mujoco_warning("Nan, Inf or huge value in QACC at DOF 0")
     assert capsys.readouterr().err == "WARNING: Nan, Inf or huge value in QACC at DOF 0\n"
+
+
+@pytest.mark.parametrize("script", ["ppo_continuous.py", "dppo_ray.py"])
+def test_capture_video_without_moviepy_is_refused_in_one_line_before_the_run_starts(tmp_path, script):
+    """--capture-video writes with moviepy: where it does not import (a moviepy that raises ImportError stands in for
+    a missing one, ahead of any installed one on the path), both scripts refuse in one line before making a run."""
+    fake = tmp_path / "no_moviepy" / "moviepy"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('No module named moviepy (simulated)')\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(fake.parent), str(REPO)])}
+    args = ["--env-id", "Pendulum-v1", "--capture-video", "--quiet", *(["--no-ray"] if script == "dppo_ray.py" else [])]
+    result = run_python(REPO / script, args, tmp_path, timeout=120, env=env)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"{script}: error: --capture-video needs moviepy") and "(simulated)" in lines[0]
+    assert lines[0].endswith("pip install moviepy")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "script, shape",
+    [
+        ("ppo_continuous.py", ["--num-envs", "4"]),
+        ("dppo_ray.py", ["--num-actors", "2", "--num-envs-per-actor", "2", "--no-ray"]),
+    ],
+)
+def test_total_timesteps_rounded_down_is_said_and_summary_records_the_evaluation_and_mujoco(tmp_path, script, shape):
+    """600 steps in batches of 4 envs x 64 steps: the run trains 512 and says so in one line on stderr as it starts.
+    summary.json records --save-model's evaluation (the mean return it prints and logs, its episodes) and MuJoCo's
+    version beside torch's and gymnasium's."""
+    args = ["--env-id", "Pendulum-v1", "--total-timesteps", "600", "--num-steps", "64", "--num-minibatches", "4"]
+    args += ["--update-epochs", "1", "--run-name", "r", "--save-model", "--eval-episodes", "3", "--quiet"]
+    result = run_python(REPO / script, [*args, "--no-compile", *shape], tmp_path)
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "--total-timesteps" in line]
+    rounded = "--total-timesteps 600 is rounded down to whole batches of 256 steps: 512 steps in 2 iterations"
+    assert said == [f"{script}: {rounded}"], result.stderr
+    summary = json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())
+    assert summary["env_steps"] == 512 and summary["status"] == "completed"
+    logged = [value for _, value in scalars(tmp_path / "runs" / "r", "eval/episodic_return")]
+    assert summary["eval_episodes"] == 3 == len(logged)
+    assert summary["eval_mean_return"] == pytest.approx(np.mean(logged), rel=1e-5)
+    assert summary["eval_std_return"] == pytest.approx(np.std(logged), rel=1e-4)
+    assert f"eval return {summary['eval_mean_return']:.2f} ± {summary['eval_std_return']:.2f}" in result.stdout
+    assert "eval_error" not in summary
+    try:
+        mujoco = importlib.metadata.version("mujoco")
+    except importlib.metadata.PackageNotFoundError:
+        mujoco = None
+    assert summary["mujoco_version"] == mujoco and summary["torch_version"] == torch.__version__
 
 
 def test_a_machine_without_a_cpp_compiler_trains_with_loss_backward_after_one_line(tmp_path):
