@@ -8,15 +8,20 @@ and compare. Checkpoints and saved policies are checkpoints.py's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import importlib.metadata
+import importlib.util
 import json
 import os
+import platform
 import random
 import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 import traceback
 from collections import deque
@@ -93,23 +98,107 @@ def quiet_mujoco_log() -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 # A run: what it is (run.json), seeding, its folder and writer, Ctrl-C/SIGTERM
 # ---------------------------------------------------------------------------------------------------------------------
-def code_version(scripts: list[str] | None = None) -> dict:
-    """Which code a run trains with: a SHA-256 of its scripts (by default the repository's top-level ones: the trainers
-    and the modules they import), which decides whether two runs compare, and for the reader the git commit and
-    whether those scripts differ from it (None where there is no git checkout, as on a Ray node that got an upload)."""
-    repo = os.path.dirname(os.path.abspath(__file__))
-    if scripts is None:
-        scripts = sorted(os.path.join(repo, n) for n in os.listdir(repo) if n.endswith(".py"))
-    digest = hashlib.sha256()
-    for path in scripts:
+# The packages whose versions are part of a run's identity: two runs compare only if they trained on the same ones.
+IDENTITY_PACKAGES = ("torch", "gymnasium", "mujoco", "numpy", "ray")
+
+
+def package_version(name: str) -> str | None:
+    """The installed version of a package, None where it is not installed (read from its metadata, not imported)."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name as the OS reports it, for the reader of a result (not part of a run's identity)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def run_environment() -> dict:
+    """What a run ran on: the Python and the IDENTITY_PACKAGES' versions (which decide whether two runs compare), and
+    the CPU model and core count (for the reader)."""
+    return {
+        "python": platform.python_version(),
+        "packages": {name: package_version(name) for name in IDENTITY_PACKAGES},
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+    }
+
+
+def installed_file(path: str) -> bool:
+    """Whether a module's file belongs to Python or to an installed package (not to the run's own code)."""
+    roots = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    parts = os.path.normpath(path).split(os.sep)
+    return "site-packages" in parts or "dist-packages" in parts or any(path.startswith(root + os.sep) for root in roots)
+
+
+def generated_file(path: str) -> bool:
+    """Whether a module's file is code torch.compile generated (in inductor's cache), not code a run was given."""
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    parts = os.path.normpath(path).split(os.sep)
+    return any(part.startswith("torchinductor_") for part in parts) or bool(cache and path.startswith(cache + os.sep))
+
+
+def own_modules(env_id: str | None = None) -> dict[str, str]:
+    """{module name: its file} of every module this process imported from outside Python and the installed packages
+    (the script, which is named by its file, the repository's modules, a custom env's), and the module of a
+    `module:EnvId` env id, which the envs import in other processes."""
+    modules = {}
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        # a real source file (torch.ops' __file__ is a bare name) that is not generated code (inductor's graphs)
+        if not (path and path.endswith(".py") and os.path.isabs(path) and os.path.isfile(path)):
+            continue
+        if name == "__mp_main__" or installed_file(path) or generated_file(path):
+            continue  # __mp_main__: multiprocessing's second name for __main__
+        modules[os.path.basename(path) if name == "__main__" else name] = path
+    env_module = env_id.partition(":")[0] if env_id and ":" in env_id else None
+    if env_module and env_module not in modules:
+        with contextlib.suppress(ImportError, ValueError):
+            spec = importlib.util.find_spec(env_module)
+            origin = spec.origin if spec is not None else None
+            if origin and origin.endswith(".py") and not installed_file(os.path.abspath(origin)):
+                modules[env_module] = os.path.abspath(origin)
+    return modules
+
+
+def file_sha256(path: str) -> str | None:
+    try:
         with open(path, "rb") as f:
-            digest.update(os.path.basename(path).encode() + b"\0" + f.read() + b"\0")
-    version = {"scripts_sha256": digest.hexdigest(), "commit": None, "scripts_clean": None}
-    folder = os.path.dirname(os.path.abspath(scripts[0])) if scripts else repo
-    git = {"cwd": folder, "capture_output": True, "text": True, "timeout": 10}
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def code_version(env_id: str | None = None, only: list[str] | None = None) -> dict:
+    """Which code a run trains with: the SHA-256 of each module it imported from outside the installed packages
+    (own_modules; `only`: those of these names), under its path (relative to the repository where it lies inside it),
+    and one SHA-256 over them all, which decides whether two runs compare; for the reader, the git commit and whether
+    the repository's modules among them differ from it (None without a git checkout, as on a Ray node that got an
+    upload)."""
+    repo = os.path.dirname(os.path.abspath(__file__))
+    modules = {}
+    for name, path in sorted(own_modules(env_id).items()):
+        if only is None or name in only:
+            inside = os.path.commonpath([repo, path]) == repo
+            modules[name] = {"path": os.path.relpath(path, repo) if inside else path, "sha256": file_sha256(path)}
+    digest = hashlib.sha256()
+    for name, module in modules.items():
+        digest.update(f"{name}\0{module['sha256']}\0".encode())
+    version = {"scripts_sha256": digest.hexdigest(), "modules": modules, "commit": None, "scripts_clean": None}
+    tracked = [module["path"] for module in modules.values() if not os.path.isabs(module["path"])]
+    git = {"cwd": repo, "capture_output": True, "text": True, "timeout": 10}
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], **git)
-        changed = subprocess.run(["git", "status", "--porcelain", "--", *scripts], **git)
+        changed = subprocess.run(["git", "status", "--porcelain", "--", *tracked], **git)
     except (OSError, subprocess.TimeoutExpired):
         return version
     if commit.returncode == 0 and changed.returncode == 0:
@@ -117,12 +206,12 @@ def code_version(scripts: list[str] | None = None) -> dict:
     return version
 
 
-def record_run(run_dir: str, command: list[str], extra: dict, resumed_at: int | None, scripts=None) -> None:
+def record_run(run_dir: str, command: list[str], extra: dict, resumed_at: int | None, env_id=None, only=None) -> None:
     """run.json: what the run is, written when it starts, so that a crashed run says it too. A new run records its
-    command line and its code (code_version); each resume adds its own command and code under "resumes", so a run
-    continued by other code says so."""
+    command line, its code (code_version) and what it ran on (run_environment); each resume adds its own under
+    "resumes", so a run continued by other code, other versions or other flags says so."""
     path = os.path.join(run_dir, "run.json")
-    entry = {"command": command, "code": code_version(scripts)}
+    entry = {"command": command, "code": code_version(env_id, only), "environment": run_environment()}
     if resumed_at is None or not os.path.isfile(path):
         record = {**entry, **extra, "resumes": []}
         if resumed_at is not None:
@@ -183,7 +272,7 @@ def tensorboard_writer(args, run_dir: str, resumed_at: int | None, command: list
 
     os.makedirs(run_dir, exist_ok=True)
     fields = {"hyperparameters": dataclasses.asdict(args), **(extra or {})}
-    record_run(run_dir, command or [PROG, *sys.argv[1:]], fields, resumed_at)
+    record_run(run_dir, command or [PROG, *sys.argv[1:]], fields, resumed_at, env_id=args.env_id)
     # purge_step drops any points a crashed run wrote after the checkpoint, so a resumed curve continues cleanly.
     writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
     if resumed_at is None:
@@ -383,6 +472,18 @@ class Monitor:
         return float(np.mean(self.recent_returns)) if self.recent_returns else None
 
 
+def say_rounded_timesteps(args) -> None:
+    """One line on stderr when --total-timesteps is not a whole number of batches: a run trains whole batches only, so
+    it takes fewer steps than asked."""
+    steps = args.num_iterations * args.batch_size
+    if steps != args.total_timesteps:
+        tqdm.write(
+            f"{PROG}: --total-timesteps {args.total_timesteps} is rounded down to whole batches of {args.batch_size} "
+            f"steps: {steps} steps in {args.num_iterations} iterations",
+            file=sys.stderr,
+        )
+
+
 def require_positive(args, names: list[str]) -> None:
     """Each named flag must be > 0 (a flag left at None, meaning "default", passes)."""
     for name in names:
@@ -397,24 +498,24 @@ def finish_run(monitor: Monitor, status: str, learner, state: RunState, script, 
     """After training: the final model and its evaluation (with --save-model, when the run completed), summary.json
     (with a script's `extra` fields), and the closing line. Returns 1 when the saved model could not be evaluated (the
     files and the closing line are written all the same), else 0."""
-    extra = extra or {}
-    eval_error = None
+    evaluation = {}
     if status == "completed" and monitor.args.save_model:
-        eval_error = save_final_model(monitor, learner, state, script)
+        evaluation = save_final_model(monitor, learner, state, script)
     monitor.progress.close()
-    write_summary(monitor, status, learner, state, extra | ({"eval_error": eval_error} if eval_error else {}))
+    write_summary(monitor, status, learner, state, (extra or {}) | evaluation)
     monitor.writer.close()
     print(closing_line(monitor, status, state), flush=True)
-    return 1 if eval_error else 0
+    return 1 if "eval_error" in evaluation else 0
 
 
 def model_path(args, run_dir: str) -> str:
     return os.path.join(run_dir, f"{args.exp_name}.model")
 
 
-def save_final_model(monitor: Monitor, learner, state: RunState, script) -> str | None:
+def save_final_model(monitor: Monitor, learner, state: RunState, script) -> dict:
     """Save the policy to runs/<run-name>/<exp-name>.model and evaluate it with the mean action (eval/episodic_return).
-    Returns why the evaluation failed, or None."""
+    Returns summary.json's fields of the evaluation: its mean return, their std and its number of episodes, or why it
+    failed (`eval_error`)."""
     args = monitor.args
     path = model_path(args, monitor.run_dir)
     save_atomic(policy_state(learner.agent, learner.obs_rms, args, state.global_step), path)
@@ -425,15 +526,20 @@ def save_final_model(monitor: Monitor, learner, state: RunState, script) -> str 
         gap = distribution_gap(e) if isinstance(e, NotImplementedError) else None
         eval_error = first_line(gap or e)
         print(f"{PROG}: error: model saved to {path}, but evaluating it failed: {eval_error}", file=sys.stderr)
-        return eval_error
+        return {"eval_error": eval_error}
     for idx, episodic_return in enumerate(returns):
         monitor.writer.add_scalar("eval/episodic_return", episodic_return, idx)
     print(f"model saved to {path}; eval return {returns.mean():.2f} ± {returns.std():.2f}")
-    return None
+    return {
+        "eval_mean_return": float(returns.mean()),
+        "eval_std_return": float(returns.std()),
+        "eval_episodes": len(returns),
+    }
 
 
 def write_summary(monitor: Monitor, status: str, learner, state: RunState, extra: dict) -> None:
-    """summary.json: how the run ended, its flags, its last statistics and its counters."""
+    """summary.json: how the run ended, its flags, its last statistics, its counters, `extra` (a script's fields and
+    the --save-model evaluation's) and the versions of torch, gymnasium and MuJoCo."""
     last_stats = {key: values[-1] for key, values in monitor.history.items() if values}
     summary = {
         "status": status,
@@ -451,6 +557,7 @@ def write_summary(monitor: Monitor, status: str, learner, state: RunState, extra
         **extra,
         "torch_version": torch.__version__,
         "gymnasium_version": gym.__version__,
+        "mujoco_version": package_version("mujoco"),  # None without MuJoCo; read without importing it
     }
     with open(os.path.join(monitor.run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
@@ -470,10 +577,17 @@ def closing_line(monitor: Monitor, status: str, state: RunState) -> str:
     return line
 
 
-def cli(args_type: type, validate, train, script, machine_flags: set[str] = MACHINE_FLAGS) -> int:
+def cli(args_type: type, validate, train, script, machine_flags: set[str] = MACHINE_FLAGS, refused=None) -> int:
     """Parse the flags, then train or evaluate; bad input is one line on stderr and exit status 2. `script`: the
-    module whose Agent a checkpoint to evaluate was trained with. `machine_flags`: the flags a resumed run may change
-    besides checkpoints.MACHINE_FLAGS (a script's own ways of using the machine)."""
+    module whose Agent a checkpoint to evaluate was trained with. `machine_flags`: the flags of the machine, which a
+    resumed run may change (checkpoints.MACHINE_FLAGS and a script's own ways of using the machine). `refused`:
+    {flag: why} for flags of a CleanRL command line that the script has no field for, each refused in one line
+    rather than by the parser's usage message."""
+    for item in sys.argv[1:]:
+        flag = item.partition("=")[0].replace("_", "-")
+        if flag in (refused or {}):
+            print(f"{PROG}: error: {flag} {refused[flag]}", file=sys.stderr)
+            return 2
     args = tyro.cli(args_type)
     sys.path.insert(0, os.getcwd())  # `--env-id module:EnvId` finds the module in the working directory, as python -m
     try:
@@ -481,7 +595,6 @@ def cli(args_type: type, validate, train, script, machine_flags: set[str] = MACH
             args = resumed_args(args_type, args, machine_flags)
         validate(args)
         if args.eval_checkpoint:
-            quiet_mujoco_log()
             run_eval_checkpoint(args, script)
             return 0
         done = int(load_checkpoint(args.resume).get("iteration", 0)) if args.resume else 0

@@ -14,6 +14,9 @@ import textwrap
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from run_management import cpu_model, package_version  # noqa: E402, F401 (one definition: what a run records)
+
 RESULTS_DIR = os.path.join(REPO, "benchmarks", "results")  # committed tables and plots (--update-committed)
 LOCAL_RESULTS_DIR = os.path.join(RESULTS_DIR, "local")  # git-ignored; each run gets a new <UTC date-time> folder in it
 
@@ -127,15 +130,6 @@ def relative_to_cwd(path: str) -> str:
     """For messages on the terminal: the shorter of the path relative to the working directory and the absolute."""
     rel = os.path.relpath(path)
     return rel if len(rel) < len(path) else path
-
-
-def cpu_model() -> str:
-    """The CPU's model name as /proc/cpuinfo gives it, for the machine line of a results file."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
-    except OSError:
-        return "unknown CPU"
 
 
 def pyplot():

@@ -36,13 +36,16 @@ tables and plots.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from cluster import pack_folder, run_on_cluster
@@ -120,25 +123,38 @@ def seeds_together(jobs: list[tuple], missing: list[tuple], cfg: argparse.Namesp
 def missing_runs(cfg: argparse.Namespace) -> list[tuple]:
     """(label, impl, config, env id, seed, status) of every run that is not done; run_status says what status means.
     A run folder made by another command or other code is never reused: refused in one line naming the first
-    difference, or, with --rerun-changed, deleted here and run afresh."""
+    difference, or, with --rerun-changed, set aside (renamed, kept) and run afresh."""
     root = os.path.abspath(cfg.runs_root)
     missing = []
     for env_id, seed, (label, impl, config) in itertools.product(cfg.envs, range(1, cfg.seeds + 1), cfg.configs):
         folder = os.path.join(root, cfg.group, label, f"{env_id}__{seed}")
         status = run_status(folder, cfg)
         if status in ("done", "resume"):
-            difference = run_difference(folder, expected_command(cfg, (label, impl, config, env_id, seed)))
+            expected = expected_command(cfg, (label, impl, config, env_id, seed))
+            difference = run_difference(folder, expected, expected_environment(run_python(cfg, impl)))
             if difference and not cfg.rerun_changed:
-                raise BenchError(
-                    f"{relative_to_cwd(folder)} {difference}: rerun it with --rerun-changed, or sweep into another "
-                    "--group"
-                )
+                advice = "rerun it with --rerun-changed" if cfg.run else "report with the flags it was run with"
+                raise BenchError(f"{relative_to_cwd(folder)} {difference}: {advice}, or sweep into another --group")
             if difference:
-                shutil.rmtree(folder)
+                set_aside(folder, difference)
                 status = "new"
         if status != "done":
             missing.append((label, impl, config, env_id, seed, status))
     return missing
+
+
+def set_aside(folder: str, difference: str) -> str:
+    """--rerun-changed: the old run's folder renamed beside the new one's (<folder>.replaced-<time>), never deleted;
+    the tables read only <env>__<seed> folders."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = f"{folder}.replaced-{stamp}"
+    for n in itertools.count(2):
+        if not os.path.exists(aside):
+            break
+        aside = f"{folder}.replaced-{stamp}-{n}"
+    os.rename(folder, aside)
+    sys.stderr.write(f"learning.py: {relative_to_cwd(folder)} {difference}: kept as {os.path.basename(aside)}\n")
+    return aside
 
 
 # Flags that name where a run logs or how it talks, not what it is: two runs that differ only in these compare.
@@ -168,34 +184,80 @@ def command_flags(command: list[str]) -> dict[str, str]:
     return flags
 
 
-def run_difference(folder: str, expected: list[str]) -> str | None:
-    """None when the run in `folder` was started by `expected` (its run.json's command, flag for flag) and trained,
-    resumes included, by this checkout's code; else what differs first, in words."""
+# What a resume may say besides its checkpoint: learning.py's own resumes add --num-seeds=1 (and WHERE_FLAGS).
+RESUME_FLAGS = {"--resume", "--num-seeds"}
+
+
+def same_value(a: str | None, b: str | None) -> bool:
+    """Two flag values alike as values: 3e-4 and 0.0003 are one learning rate."""
+    if a == b:
+        return True
+    try:
+        return a is not None and b is not None and float(a) == float(b)
+    except ValueError:
+        return False
+
+
+def run_difference(folder: str, expected: list[str], environment: dict) -> str | None:
+    """None when the run in `folder` was started by `expected` (its run.json's command, flag for flag, values as
+    values), continued only by resumes that changed no flag, trained by the code now in every module it imported (the
+    repository's, a custom env's) and on `environment`'s Python and packages (expected_environment); else what differs
+    first, in words."""
     sys.path.insert(0, REPO)
-    from run_management import code_version
+    from run_management import file_sha256
 
     path = os.path.join(folder, "run.json")
     if not os.path.isfile(path):
         return "records no command or code (it has no run.json: made before learning.py checked runs)"
     with open(path) as f:
         record = json.load(f)
+    entries = [record, *record.get("resumes", [])]
+    if any("modules" not in entry["code"] or "environment" not in entry for entry in entries):
+        return "records no module hashes or versions (made before runs recorded them)"
     if os.path.basename(record["command"][0]) != expected[0]:
         return f"was run by {os.path.basename(record['command'][0])}, not {expected[0]}"
     ran, asked = command_flags(record["command"]), command_flags(expected)
     for flag in [*asked, *(f for f in ran if f not in asked)]:
-        if ran.get(flag) != asked.get(flag):
+        if not same_value(ran.get(flag), asked.get(flag)):
             was = f"{flag}={ran[flag]}" if flag in ran else f"no {flag}"
             now = f"{flag}={asked[flag]}" if flag in asked else f"no {flag}"
             return f"was run with {was}, this sweep asks {now}"
-    scripts = [os.path.join(REPO, "benchmarks", "sb3_ppo.py")] if expected[0] == "sb3_ppo.py" else None
-    current = code_version(scripts)["scripts_sha256"]
-    for entry in [record, *record.get("resumes", [])]:
-        if entry["code"]["scripts_sha256"] != current:
-            return (
-                f"was trained by other code (scripts {entry['code']['scripts_sha256'][:12]}, commit "
-                f"{(entry['code']['commit'] or 'unknown')[:12]}; this checkout's scripts are {current[:12]})"
-            )
+    for resume in record.get("resumes", []):
+        for flag, value in command_flags(resume["command"]).items():
+            if flag not in RESUME_FLAGS and not same_value(value, ran.get(flag)):
+                return f"was resumed with {flag}={value} (by hand: it is no longer the run its command says)"
+    for entry in entries:
+        for module in entry["code"]["modules"].values():
+            where = module["path"] if os.path.isabs(module["path"]) else os.path.join(REPO, module["path"])
+            if file_sha256(where) != module["sha256"]:
+                commit = (entry["code"]["commit"] or "unknown")[:12]
+                return f"was trained by other code ({module['path']} has changed since; the run's commit {commit})"
+        ran_on, now_on = entry["environment"], environment
+        if ran_on["python"] != now_on["python"]:
+            return f"was trained on Python {ran_on['python']}, this sweep's Python is {now_on['python']}"
+        for package, version in now_on["packages"].items():
+            if ran_on["packages"].get(package) != version:
+                return (
+                    f"was trained with {package} {ran_on['packages'].get(package)}, this sweep's Python has {version}"
+                )
     return None
+
+
+@functools.cache
+def expected_environment(python: str) -> dict:
+    """run_management.run_environment() as the interpreter `python` reports it: what its runs would record."""
+    code = f"import json, sys; sys.path.insert(0, {REPO!r}); import run_management as r; "
+    code += "print(json.dumps(r.run_environment()))"
+    result = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise BenchError(f"--python {python} cannot report its versions ({last})")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def run_python(cfg: argparse.Namespace, impl: str) -> str:
+    """The interpreter a run of `impl` trains in: SB3 in this one, the trainers in --python."""
+    return sys.executable if impl == "sb3" else cfg.python
 
 
 def cluster_job(cfg: argparse.Namespace, label: str, impl: str, config: dict, env_id: str, seed: int, status: str):
@@ -328,8 +390,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--rerun-changed",
         action="store_true",
-        help="with --run: a run folder made by another command or other code (its run.json) is deleted and run "
-        "afresh; without it such a folder is refused, naming the first difference",
+        help="with --run: a run folder made by another command, other code or other package versions (its run.json) "
+        "is renamed <folder>.replaced-<time> and run afresh; without it such a folder is refused, naming the first "
+        "difference",
     )
     p.add_argument(
         "--jobs",
@@ -451,7 +514,8 @@ OWN_FLAGS = {
 
 def configurations(impls: list[str], grid: list[str]) -> tuple[list[tuple], set[str]]:
     """[(label, impl, {flag: value})] for every implementation and combination of --grid's values, and the grid's
-    boolean flags. Labels: the impl alone without a grid, else e.g. ppo__learning-rate=1e-4__ent-coef=0."""
+    boolean flags. Labels: the impl alone without a grid, else e.g. ppo__learning-rate=0.0001__ent-coef=0.0 (each value
+    written one way for its type, as_value)."""
     if not grid:
         return [(impl, impl, {}) for impl in impls], set()
     axes = []
@@ -488,12 +552,34 @@ def configurations(impls: list[str], grid: list[str]) -> tuple[list[tuple], set[
         for key, value in axis:
             if key in bool_flags and value.lower() not in ("true", "false"):
                 raise ValueError(f"--grid {key}={value}: --{key} is a switch; give True,False")
+    # values as values: 3e-4 and 0.0003 are one configuration, in one folder
+    axes = [[(key, as_value(key, value, fields[impls[0]][key])) for key, value in axis] for axis in axes]
+    for axis in axes:
+        if len({value for _, value in axis}) < len(axis):
+            raise ValueError(f"--grid {axis[0][0]}: {', '.join(v for _, v in axis)} repeat a value")
     configs = []
     for impl in impls:
         for combination in itertools.product(*axes):
             config = dict(combination)
             configs.append(("__".join([impl, *(f"{k}={v}" for k, v in config.items())]), impl, config))
     return configs, bool_flags
+
+
+def as_value(key: str, value: str, kind: type) -> str:
+    """A grid value written one way for its flag's type: a float as Python writes it (0.0003), an int as an int,
+    a switch as True or False; other values as given."""
+    try:
+        if kind is float:
+            return repr(float(value))
+        if kind is int:
+            return str(int(value))
+    except ValueError:
+        raise ValueError(
+            f"--grid {key}={value}: --{key} takes {'a number' if kind is float else 'an integer'}"
+        ) from None
+    if kind is bool:
+        return "True" if value.lower() == "true" else "False"
+    return value
 
 
 def trainer_fields(impls: list[str]) -> dict[str, dict[str, type]]:
@@ -549,6 +635,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if cfg.run:
             run_missing(cfg)
+        else:  # report only: the runs read are checked as --run would check them before reusing them
+            cfg.unfinished = [run for run in missing_runs(cfg) if run[-1] != "new"]
         curves, rows = summarize_runs(cfg)
     finally:
         if cfg.quick:

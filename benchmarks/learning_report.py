@@ -88,15 +88,21 @@ def first_reach(x: np.ndarray, values: np.ndarray, target: float) -> float | Non
     return float(x[hit[0]]) if len(hit) else None
 
 
-def run_codes(folder: str) -> list[str]:
-    """The scripts' SHA-256 (12 characters) that trained the run in `folder`, from its run.json: the first run's, then
-    each resume's; ["unrecorded"] for a run without one."""
+def run_entries(folder: str) -> list[dict]:
+    """The run.json record of the run in `folder` and each of its resumes' ([] for a run without one)."""
     path = os.path.join(folder, "run.json")
     if not os.path.isfile(path):
-        return ["unrecorded"]
+        return []
     with open(path) as f:
         record = json.load(f)
-    return list(dict.fromkeys(e["code"]["scripts_sha256"][:12] for e in [record, *record.get("resumes", [])]))
+    return [record, *record.get("resumes", [])]
+
+
+def run_codes(folder: str) -> list[str]:
+    """The code's SHA-256 (12 characters) that trained the run in `folder`, from its run.json: the first run's, then
+    each resume's; ["unrecorded"] for a run without one."""
+    entries = run_entries(folder)
+    return list(dict.fromkeys(e["code"]["scripts_sha256"][:12] for e in entries)) if entries else ["unrecorded"]
 
 
 def sample_std(values: list[float]) -> float:
@@ -141,6 +147,8 @@ def summarize_runs(cfg: argparse.Namespace) -> tuple[dict, list[dict]]:
         curves[env_id, impl] = runs
         target = cfg.target if cfg.target is not None else TARGETS.get(env_id)
         rows.append(summary_row(env_id, impl, runs, target, codes))
+        rows[-1]["entries"] = [entry for folder, _ in found for entry in run_entries(folder)]
+        rows[-1]["unrecorded"] = sum(not run_entries(folder) for folder, _ in found)
     return curves, rows
 
 
@@ -204,16 +212,57 @@ def final_return_table(rows: list[dict]) -> list[str]:
         per_seed = ", ".join(f"{v:.0f}" for v in r["finals"])
         lines.append(
             f"| {r['env']} | {r['impl']} | {r['seeds']} | {r['steps']:,} | {per_seed} "
-            f"| {r['final']:.0f} ± {r['final_std']:.0f} | {r['wall'] / 60:.1f} min | {r['target']:g} | "
+            f"| {r['final']:.0f} ± {r['final_std']:.0f} | {r['wall'] / 60:.1f} min | "
+            f"{'—' if r['target'] is None else format(r['target'], 'g')} | "
             f"{fmt_reach(r['reach_steps'], 'steps')} | {fmt_reach(r['reach_secs'], 's')} | {', '.join(r['codes'])} |"
         )
-    versions = sorted({code for r in rows for code in r["codes"]})
-    if len(versions) > 1:
-        lines += [
-            "",
-            f"**Mixed code:** these runs were trained by {len(versions)} versions of the scripts ({', '.join(versions)}"
-            "; 'unrecorded' is a run without run.json). Differences between rows may be the code's.",
-        ]
+    return lines + provenance_lines(rows)
+
+
+def unfinished_lines(unfinished: list[tuple]) -> list[str]:
+    """A line under the table naming the runs it read that have not reached --total-timesteps (report-only mode)."""
+    if not unfinished:
+        return []
+    names = [f"{label} on {env_id}, seed {seed}" for label, _, _, env_id, seed, _ in unfinished]
+    return ["", f"**Unfinished:** {'; '.join(names)}: their rows use the curves as far as they got."]
+
+
+def provenance_lines(rows: list[dict]) -> list[str]:
+    """What the rows' runs ran with, from their run.json (each resume's too): a line on the Python, the packages and
+    the CPU when they all share them, and a **Mixed** line when a module of the code, or the Python or a package
+    version, differs between them (a difference between rows may then be theirs, not the algorithm's)."""
+    lines = []
+    modules: dict[str, dict[str, set]] = {}  # module name: {its sha256: the rows that ran it}
+    environments: dict[str, set] = {}  # Python and packages, as text: the rows that ran on them
+    cpus, commits = set(), set()
+    for r in rows:
+        name = f"{r['env']} {r['impl']}"
+        for entry in r.get("entries", []):
+            for module, recorded in entry["code"].get("modules", {}).items():
+                modules.setdefault(module, {}).setdefault(recorded["sha256"][:12], set()).add(name)
+            ran_on = entry.get("environment")
+            if ran_on is None:
+                environments.setdefault("versions unrecorded", set()).add(name)
+                continue
+            packages = ", ".join(f"{p} {v}" for p, v in ran_on["packages"].items() if v is not None)
+            environments.setdefault(f"Python {ran_on['python']}; {packages}", set()).add(name)
+            cpus.add(f"{ran_on['cpu']} ({ran_on['cores']} cores)")
+            commit = (entry["code"].get("commit") or "unknown")[:12]
+            commits.add(commit if entry["code"].get("scripts_clean") is not False else f"{commit} with local changes")
+    mixed = {module: versions for module, versions in modules.items() if len(versions) > 1}
+    unrecorded = sum(r.get("unrecorded", 0) for r in rows)
+    if mixed or unrecorded:
+        said = [f"{module} in {len(versions)} versions" for module, versions in sorted(mixed.items())]
+        if unrecorded:
+            said.append(f"{unrecorded} runs without run.json")
+        lines += ["", f"**Mixed code:** {'; '.join(said)}. Differences between rows may be the code's."]
+    if commits:
+        lines += ["", f"Runs' code: commit {', '.join(sorted(commits))}."]
+    if len(environments) == 1:
+        lines += ["", f"Ran on {next(iter(environments))}; CPU: {', '.join(sorted(cpus)) or 'unrecorded'}."]
+    elif environments:
+        said = [f"{which} ({', '.join(sorted(names))})" for which, names in sorted(environments.items())]
+        lines += ["", f"**Mixed versions:** the runs ran on {'; '.join(said)}. Differences between rows may be theirs."]
     return lines
 
 
@@ -223,14 +272,16 @@ def difference_table(rows: list[dict], baseline: str) -> list[str]:
     comparisons = [(baselines[r["env"]], r) for r in rows if r["env"] in baselines and r is not baselines[r["env"]]]
     if not comparisons:
         return []
+    tasks = len({base["env"] for base, _ in comparisons})
     lines = [
         "",
         f"Difference in final return to {baseline}: a 95% Welch t-interval over seeds, and the exact two-sided "
         "permutation test's p beside the smallest p its seed counts allow (with 3 + 3 seeds no difference, however "
-        "large, can give less than 0.10):",
+        f"large, can give less than 0.10). The p is per task; {tasks} task{'s' if tasks > 1 else ''} compared, so a "
+        f"claim across them needs p × {tasks} (Bonferroni), in the last column:",
         "",
-        "| env | impl | difference | 95% Welch interval | p | least possible p |",
-        "|---|---|--:|--:|--:|--:|",
+        "| env | impl | difference | 95% Welch interval | p | least possible p | p × tasks |",
+        "|---|---|--:|--:|--:|--:|--:|",
     ]
     for base, r in comparisons:
         p_value = permutation_pvalue(r["finals"], base["finals"])
@@ -241,7 +292,7 @@ def difference_table(rows: list[dict], baseline: str) -> list[str]:
         floor = permutation_floor(len(r["finals"]), len(base["finals"]))
         lines.append(
             f"| {r['env']} | {r['impl']} | {r['final'] - base['final']:+.0f} | {interval} | {p_value:.3f} | "
-            f"{floor:.3f} |"
+            f"{floor:.3f} | {min(1.0, p_value * tasks):.3f} |"
         )
     return lines
 
@@ -404,6 +455,7 @@ def report_lines(rows: list[dict], cfg: argparse.Namespace, command: str) -> lis
         "deviation over seeds (n - 1) in every table but CleanRL's published figures, which are as its docs give them.",
         "",
         *final_return_table(rows),
+        *unfinished_lines(getattr(cfg, "unfinished", [])),
         *difference_table(rows, cfg.impls[0]),
         *reference_tables(rows, cfg.impls),
     ]
@@ -415,16 +467,17 @@ def report_lines(rows: list[dict], cfg: argparse.Namespace, command: str) -> lis
 
 
 def plot_mean_and_std(ax, runs: list[tuple], column: int, label: str) -> None:
-    """Return against curve column `column` (0: env steps, 1: seconds), mean ± std over the seeds' `runs`. The seeds
-    log at different x, so each is resampled on a common grid up to the shortest run's end first."""
+    """Return against curve column `column` (0: env steps, 1: seconds), mean ± sample std over the seeds' `runs`. The
+    seeds log at different x, so each is resampled on a common grid up to the shortest run's end first."""
     grid = np.linspace(0, min(run[column][-1] for run in runs), 200)
     ys = np.array([np.interp(grid, run[column], run[2]) for run in runs])
+    std = ys.std(0, ddof=1) if len(ys) > 1 else np.zeros(len(grid))  # the sample std, as the tables' ±
     (line,) = ax.plot(grid, ys.mean(0), label=label)
-    ax.fill_between(grid, ys.mean(0) - ys.std(0), ys.mean(0) + ys.std(0), alpha=0.2, color=line.get_color())
+    ax.fill_between(grid, ys.mean(0) - std, ys.mean(0) + std, alpha=0.2, color=line.get_color())
 
 
 def plot_grid(curves: dict, cfg: argparse.Namespace, path: str) -> None:
-    """One panel per task: return against env steps, mean ± std over seeds for each implementation, and CleanRL's
+    """One panel per task: return against env steps, mean ± sample std over seeds for each implementation, and CleanRL's
     published final return as a dashed line."""
     plt = pyplot()
     envs = [e for e in cfg.envs if any(k[0] == e for k in curves)]
@@ -446,13 +499,14 @@ def plot_grid(curves: dict, cfg: argparse.Namespace, path: str) -> None:
     for ax in axes[len(envs) :]:
         ax.axis("off")
     axes[0].set_ylabel("return (last 100 episodes)")
+    fig.suptitle("mean over seeds; band: ± sample std (n - 1)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
 def plot_curves(curves: dict, cfg: argparse.Namespace, path: str) -> None:
-    """One row per env: return against env steps (left) and against wall-clock seconds (right)."""
+    """One row per env: return against env steps (left) and against wall-clock seconds (right), mean ± sample std."""
     plt = pyplot()
     envs = [e for e in cfg.envs if any(k[0] == e for k in curves)]
     fig, axes = plt.subplots(len(envs), 2, figsize=(9, 3.2 * len(envs)), squeeze=False)
@@ -468,5 +522,6 @@ def plot_curves(curves: dict, cfg: argparse.Namespace, path: str) -> None:
             ax.set_ylabel("return (last 100 episodes)")
             ax.set_title(env_id, fontsize=9)
             ax.legend(fontsize=8)
+    fig.suptitle("mean over seeds; band: ± sample std (n - 1)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 import torch
-from learning_report import welch_interval
+from learning_report import permutation_floor, permutation_pvalue, welch_interval
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "ppo_continuous.py")
@@ -109,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     lines += [
         "",
         "Returns together minus the single runs (one at a time): "
-        f"{np.mean(together) - np.mean(single):+.0f}, Welch 95% interval {low:+.0f} to {high:+.0f}.",
+        f"{np.mean(together) - np.mean(single):+.0f}, Welch 95% interval {low:+.0f} to {high:+.0f}; exact two-sided "
+        f"permutation p = {permutation_pvalue(together, single):.3f} ({len(together)} + {len(single)} seeds, one task: "
+        f"the least p possible is {permutation_floor(len(together), len(single)):.3f}).",
     ]
     print("\n".join(lines))
     if cfg.out:

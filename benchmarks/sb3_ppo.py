@@ -116,7 +116,9 @@ def main() -> None:
 
         os.makedirs(args.tb_log, exist_ok=True)
         command = [os.path.basename(__file__), *sys.argv[1:]]
-        record_run(args.tb_log, command, {"hyperparameters": vars(args)}, None, scripts=[os.path.abspath(__file__)])
+        # its code is this script (and a custom env's module): run_management only writes the record
+        only = [os.path.basename(__file__), args.env_id.partition(":")[0]]
+        record_run(args.tb_log, command, {"hyperparameters": vars(args)}, None, env_id=args.env_id, only=only)
     else:
         # Without this SB3 creates an empty $TMPDIR/SB3-<date> log folder on every run.
         model.set_logger(Logger(folder=None, output_formats=[]))

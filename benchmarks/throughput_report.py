@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.metadata
 import os
 import platform
 import statistics
 import subprocess
 import sys
 
-from common import REPO, cpu_model, display_command, display_path, pyplot, relative_to_cwd
+from common import REPO, cpu_model, display_command, display_path, package_version, pyplot, relative_to_cwd
 
 COLORS = {
     "raw": "#888888",
@@ -43,13 +42,6 @@ VENV_PACKAGES = {
     "rllib": ["ray", "torch", "gymnasium", "mujoco", "numpy"],
     "cleanrl": ["torch", "gymnasium", "mujoco", "numpy", "tyro"],
 }
-
-
-def package_version(pkg: str) -> str:
-    try:
-        return importlib.metadata.version(pkg)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
 
 
 def git_commit() -> str:
@@ -84,8 +76,9 @@ def machine_header(argv: list[str]) -> tuple[list[str], str]:
         f"- Date: {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')}",
         f"- Machine: {cores} cores (nproc), {cpu}, {gpu}; load average at start {load} (1/5/15 min)",
         f"- Versions: Python {platform.python_version()}, torch {torch.__version__}, "
-        f"gymnasium {gymnasium.__version__}, stable-baselines3 {package_version('stable-baselines3')}, "
-        f"mujoco {package_version('mujoco')}; repo at {git_commit()}",
+        f"gymnasium {gymnasium.__version__}, "
+        f"stable-baselines3 {package_version('stable-baselines3') or 'not installed'}, "
+        f"mujoco {package_version('mujoco') or 'not installed'}; repo at {git_commit()}",
     ]
     return lines, machine
 

@@ -1,12 +1,17 @@
-"""What several test files share: the repository's root, running a script as a user runs it, reading a run's
-TensorBoard scalars, and a perturbed Agent for the update tests. Plain functions, imported with
-`from tests.conftest import ...`; imports the tests do not all need are made where they are used."""
+"""What several test files share: the repository's root, running a script as a user runs it, the processes a run
+left behind, waiting for a run to train, reading a run's TensorBoard scalars, and a perturbed Agent for the update
+tests. Plain functions, imported with `from tests.conftest import ...`; imports the tests do not all need are made
+where they are used."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -62,6 +67,95 @@ def start_python(
     return subprocess.Popen(
         [sys.executable, str(script), *args], cwd=cwd, env=script_env(env, repo_on_path), text=True, **kwargs
     )
+
+
+class OwnProcesses:
+    """The processes that the scripts a test starts through it leave running, and only those: not another Ray job's or
+    a user's own cluster on this machine. Each script runs in a session of its own, which every process it starts
+    stays in (Ray's raylet, GCS, agents and workers among them), with a tag in its environment, which they inherit.
+    Either mark makes a process the test's: Ray's agents overwrite the environment that /proc shows when they set
+    their process titles, and a process that called setsid() has left the session but keeps the tag."""
+
+    VARIABLE = "PPO_TESTS_PROCESS_TAG"
+
+    def __init__(self):
+        self.tag = uuid.uuid4().hex
+        self.sessions: set[int] = set()
+
+    def env(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
+        """`env` with this test's tag added."""
+        return {**(env or {}), self.VARIABLE: self.tag}
+
+    def start(
+        self, script: str | Path, args: Sequence[str] = (), cwd: Path | None = None, env=None, **kwargs
+    ) -> subprocess.Popen:
+        """start_python, in a new session and with the tag."""
+        proc = start_python(script, args, cwd, self.env(env), start_new_session=True, **kwargs)
+        self.sessions.add(proc.pid)
+        return proc
+
+    def run(
+        self, script: str | Path, args: Sequence[str] = (), cwd: Path | None = None, timeout: float = 300, env=None
+    ) -> subprocess.CompletedProcess:
+        """run_python, in a new session and with the tag; on a timeout, every process of the test is killed first, so
+        that a hung run does not load the machine for the tests after it."""
+        proc = self.start(script, args, cwd, env)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            proc.communicate()
+            raise
+        return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+    def alive(self) -> dict[int, str]:
+        """The test's live processes (zombies have ended), each with its command line; processes this user may not
+        read are not the test's."""
+        found = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    # the command name in parentheses may hold spaces: the fields after its last ")" are sure
+                    state, _, _, session = f.read().rsplit(b")", 1)[1].split()[:4]
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    environ = f.read().split(b"\0")
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:  # ended meanwhile, or another user's
+                continue
+            tagged = f"{self.VARIABLE}={self.tag}".encode() in environ
+            if state != b"Z" and (tagged or int(session) in self.sessions):
+                found[int(entry)] = command
+        return found
+
+    def left_behind(self, within: float = 10) -> dict[int, str]:
+        """alive() once it is empty, or after `within` seconds: a process still shutting down is not left behind."""
+        deadline = time.monotonic() + within
+        while (found := self.alive()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return found
+
+    def kill(self) -> None:
+        """SIGKILL to those of alive() that are in a script's session: checked again here, apart from alive(), as
+        processes of every user and session on a machine may be within reach."""
+        for pid in self.alive():
+            with contextlib.suppress(OSError):
+                if os.getsid(pid) in self.sessions:
+                    os.kill(pid, signal.SIGKILL)
+
+
+def wait_until_trained(run_dir: Path, proc: subprocess.Popen | None = None, timeout: float = 240) -> bool:
+    """Whether the run writing to `run_dir` has trained once (its TensorBoard events hold losses/approx_kl, logged
+    after each update) within `timeout` seconds; False as soon as `proc`, its process, has ended. A test that signals a
+    run after this reaches it training, however long a loaded machine took to start it (Ray, torch, the envs)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and (proc is None or proc.poll() is None):
+        if list(run_dir.glob("events.*")) and "losses/approx_kl" in tensorboard_events(run_dir).Tags()["scalars"]:
+            return True
+        time.sleep(0.5)
+    return False
 
 
 PPO_SCRIPT = REPO / "ppo_continuous.py"

@@ -9,14 +9,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from tests.conftest import REPO, run_python, scalars
+from tests.conftest import REPO, run_python, scalars, wait_until_trained
 
 sys.path.insert(0, str(REPO))
 
@@ -124,10 +123,7 @@ def test_interrupted_and_resumed_run_logs_the_same_schedules(tmp_path, script):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     command = [sys.executable, str(REPO / script), *args, "--run-name", "cut"]
     proc = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not list((tmp_path / "runs" / "cut").glob("events.*")):
-        time.sleep(0.2)
-    time.sleep(0.5)
+    assert wait_until_trained(tmp_path / "runs" / "cut", proc), "the run ended before its first update"
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 143, stderr

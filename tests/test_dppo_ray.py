@@ -16,7 +16,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.conftest import REPO, run_python, tensorboard_events
+from tests.conftest import REPO, OwnProcesses, run_python, tensorboard_events, wait_until_trained
 
 SCRIPT = REPO / "dppo_ray.py"
 
@@ -25,8 +25,11 @@ CARTPOLE += ["--num-minibatches", "4", "--update-epochs", "4", "--learning-rate"
 CARTPOLE += ["--quiet", "--no-compile"]
 
 
-def run(args: list[str], cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    return run_python(SCRIPT, args, cwd, timeout, env)
+def run(
+    args: list[str], cwd: Path, timeout: float = 300, env: dict | None = None, own: OwnProcesses | None = None
+) -> subprocess.CompletedProcess:
+    """dppo_ray.py run to its end; through `own` where the test checks what it leaves running."""
+    return run_python(SCRIPT, args, cwd, timeout, env) if own is None else own.run(SCRIPT, args, cwd, timeout, env)
 
 
 def summary(cwd: Path, name: str) -> dict:
@@ -37,16 +40,45 @@ def scalars(cwd: Path, name: str, tag: str) -> list[float]:
     return [e.value for e in tensorboard_events(cwd / "runs" / name).Scalars(tag)]
 
 
-def ray_processes() -> set[int]:
-    """PIDs of Ray's processes on this machine, to compare before and after a run (titles change with the task)."""
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    lines = [line.strip() for line in out.splitlines()]
-    return {int(line.split()[0]) for line in lines if "ray::" in line or "raylet" in line or "gcs_server" in line}
+@pytest.fixture
+def own():
+    """The processes the test's runs start (not those of another Ray job or cluster on this machine); any still running
+    at its end are killed, so that a failed test does not load the machine for the tests after it."""
+    processes = OwnProcesses()
+    yield processes
+    processes.kill()
 
 
-def test_sync_learns_cartpole_and_evaluates(tmp_path):
-    before = ray_processes()
-    result = run([*CARTPOLE, "--total-timesteps", "200000", "--run-name", "cp", "--save-model"], tmp_path, 600)
+def test_own_processes_are_the_runs_and_no_others(tmp_path, own):
+    """What the check that a run left nothing behind counts: a process with the test's tag in its environment, or one
+    in the session of a script the test started (though its environment lost the tag, as /proc shows Ray's agents'),
+    even once that script has ended; not one started beside them, as another Ray job's would be, nor another test's."""
+    sleep = ["/bin/sh", "-c", "exec sleep 60"]
+    spawner = tmp_path / "spawn.py"
+    quiet = "stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL"
+    spawner.write_text(f"import subprocess\nprint(subprocess.Popen({sleep!r}, env={{}}, {quiet}).pid, flush=True)\n")
+    script = own.start(spawner, cwd=tmp_path)
+    in_session = int(script.stdout.readline())
+    script.communicate(timeout=60)
+    tagged = subprocess.Popen(sleep, env=own.env(os.environ))
+    others = [subprocess.Popen(sleep), subprocess.Popen(sleep, env=OwnProcesses().env(os.environ))]
+    try:
+        assert set(own.alive()) == {in_session, tagged.pid}
+        assert set(own.left_behind(within=1)) == {in_session, tagged.pid}, "a check that can fail"
+        own.kill()
+        assert all(p.poll() is None for p in [tagged, *others]), "kill() stays within the scripts' sessions"
+        tagged.kill()
+        tagged.wait(timeout=10)
+        assert not own.left_behind(), "killed, and the ended ones are not counted"
+    finally:
+        for p in [tagged, *others]:
+            p.kill()
+            p.wait()
+
+
+def test_sync_learns_cartpole_and_evaluates(tmp_path, own):
+    args = [*CARTPOLE, "--total-timesteps", "200000", "--run-name", "cp", "--save-model"]
+    result = run(args, tmp_path, 600, own=own)
     assert result.returncode == 0, result.stderr
     s = summary(tmp_path, "cp")
     assert s["status"] == "completed" and s["env_steps"] == 199680
@@ -55,11 +87,11 @@ def test_sync_learns_cartpole_and_evaluates(tmp_path):
     assert scalars(tmp_path, "cp", "charts/policy_lag_max") == [0.0] * s["learner_updates"], "sync: no stale data"
     for tag in ["losses/approx_kl", "charts/SPS", "perf/learner_update_seconds", "perf/learner_wait_seconds"]:
         assert scalars(tmp_path, "cp", tag), tag
-    evaluation = run(["--eval-checkpoint", str(tmp_path / "runs" / "cp" / "dppo_ray.model")], tmp_path)
+    evaluation = run(["--eval-checkpoint", str(tmp_path / "runs" / "cp" / "dppo_ray.model")], tmp_path, own=own)
     assert evaluation.returncode == 0, evaluation.stderr
     assert float(evaluation.stdout.split("mean return ")[1].split(" ")[0]) >= 475
     assert sorted(os.listdir(tmp_path)) == ["runs"]
-    assert not ray_processes() - before, "Ray processes were left behind"
+    assert not (left := own.left_behind()), f"the runs' processes were left behind: {left}"
 
 
 def test_sync_mode_is_reproducible(tmp_path):
@@ -140,16 +172,14 @@ def test_nan_observations_are_dropped_not_merged(tmp_path):
     assert all(np.isfinite(v) for v in scalars(tmp_path, "n", "losses/value_loss"))
 
 
-def test_always_nan_env_stops_with_one_line_and_no_ray_left(tmp_path):
-    before = ray_processes()
+def test_always_nan_env_stops_with_one_line_and_no_ray_left(tmp_path, own):
     args = ["--env-id", "tests.envs:AlwaysNan-v0", "--num-steps", "64", "--num-minibatches", "2"]
-    result = run([*args, "--total-timesteps", "2560", "--run-name", "x", "--quiet"], tmp_path)
+    result = run([*args, "--total-timesteps", "2560", "--run-name", "x", "--quiet"], tmp_path, own=own)
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "stopping: 3 bad batches in a row" in errors[0], result.stderr
     assert "Traceback" not in result.stderr and summary(tmp_path, "x")["status"] == "stopped_by_guard"
-    time.sleep(2)
-    assert not ray_processes() - before, "Ray processes were left behind"
+    assert not (left := own.left_behind()), f"the run's processes were left behind: {left}"
 
 
 def test_killed_actor_is_restarted_and_the_run_completes(tmp_path):
@@ -176,24 +206,23 @@ def last_line(text: str) -> str:
 # sync: the restarted actor's start (a new process importing torch) and first rollout must fit in the timeout too,
 # which 4 s did not always on a loaded machine
 @pytest.mark.parametrize("mode, total, timeout", [("sync", 2560, 8), ("async", 6400, 4)])
-def test_an_env_that_hangs_once_gets_its_actor_restarted_and_the_run_does_every_step(tmp_path, mode, total, timeout):
+def test_an_env_that_hangs_once_gets_its_actor_restarted_and_the_run_does_every_step(
+    tmp_path, own, mode, total, timeout
+):
     """A simulator that deadlocks in one step: its actor's rollout is late, the actor is killed and restarted, and the
     run trains every step it was asked for. In async mode the other actor samples meanwhile (the run is long enough for
     the timeout to come first)."""
-    before = ray_processes()
     marker = tmp_path / "hung"
     args = ["--env-id", "tests.envs:HangOnce-v0", "--mode", mode, *FAULT, "--rollout-timeout", str(timeout)]
-    result = run(
-        [*args, "--total-timesteps", str(total), "--run-name", "h"], tmp_path, env={"DPPO_HANG_MARKER": str(marker)}
-    )
+    args += ["--total-timesteps", str(total), "--run-name", "h"]
+    result = run(args, tmp_path, env={"DPPO_HANG_MARKER": str(marker)}, own=own)
     assert result.returncode == 0, result.stderr
     assert marker.exists(), "the test env should have hung"
     assert f"sent no rollout within --rollout-timeout {timeout} s; its rollout is lost; restarted" in result.stderr
     s = summary(tmp_path, "h")
     assert s["status"] == "completed" and s["env_steps"] == total and s["learner_updates"] == total // 128
     assert s["actor_restarts"] == 1 and s["lost_rollouts"] == 1
-    time.sleep(2)
-    assert not ray_processes() - before, "Ray processes (the hung actor's among them) were left behind"
+    assert not (left := own.left_behind()), f"processes of the run (the hung actor's among them) left behind: {left}"
 
 
 @pytest.mark.parametrize(
@@ -205,10 +234,9 @@ def test_an_env_that_hangs_once_gets_its_actor_restarted_and_the_run_does_every_
         ("DiesOnReset-v0", ["--max-actor-restarts", "2"], "3 actor restarts, past --max-actor-restarts 2"),
     ],
 )
-def test_an_env_that_breaks_for_good_stops_the_run_with_a_checkpoint(tmp_path, env_id, flags, cause):
-    before = ray_processes()
+def test_an_env_that_breaks_for_good_stops_the_run_with_a_checkpoint(tmp_path, own, env_id, flags, cause):
     args = ["--env-id", f"tests.envs:{env_id}", *FAULT, *flags, "--total-timesteps", "1000000", "--run-name", "b"]
-    result = run(args, tmp_path, env={"PYTHONWARNINGS": "ignore"})
+    result = run(args, tmp_path, env={"PYTHONWARNINGS": "ignore"}, own=own)
     assert result.returncode == 1, result.stderr
     assert last_line(result.stderr).startswith("dppo_ray.py: error: ") and cause in last_line(result.stderr)
     assert "Traceback" not in result.stderr and "Unhandled error" not in result.stderr, result.stderr
@@ -217,8 +245,7 @@ def test_an_env_that_breaks_for_good_stops_the_run_with_a_checkpoint(tmp_path, e
     ckpt = torch.load(tmp_path / "runs" / "b" / "checkpoint.pt", weights_only=True)
     assert ckpt["iteration"] == s["learner_updates"] and ckpt["global_step"] > 0
     assert f"--resume {Path('runs', 'b', 'checkpoint.pt')}" in result.stdout
-    time.sleep(2)
-    assert not ray_processes() - before, "Ray processes were left behind"
+    assert not (left := own.left_behind()), f"the run's processes were left behind: {left}"
 
 
 @pytest.mark.parametrize(
@@ -230,31 +257,22 @@ def test_an_env_that_breaks_for_good_stops_the_run_with_a_checkpoint(tmp_path, e
         ("RaisesOnReset-v0", "rollout actor 0 failed as it started: RuntimeError: simulator lost its connection"),
     ],
 )
-def test_an_actor_that_fails_as_it_starts_stops_the_run(tmp_path, env_id, cause):
-    before = ray_processes()
+def test_an_actor_that_fails_as_it_starts_stops_the_run(tmp_path, own, env_id, cause):
     args = ["--env-id", f"tests.envs:{env_id}", *FAULT, "--max-actor-restarts", "1", "--run-name", "d"]
-    result = run([*args, "--total-timesteps", "1000000"], tmp_path, env={"DPPO_RESETS_BEFORE_FAILURE": "1"})
+    args += ["--total-timesteps", "1000000"]
+    result = run(args, tmp_path, env={"DPPO_RESETS_BEFORE_FAILURE": "1"}, own=own)
     assert result.returncode == 1, result.stderr
     assert cause in last_line(result.stderr) and "Traceback" not in result.stderr, result.stderr
     assert summary(tmp_path, "d")["status"] == "failed" and (tmp_path / "runs" / "d" / "checkpoint.pt").is_file()
-    time.sleep(2)
-    assert not ray_processes() - before, "Ray processes were left behind"
+    assert not (left := own.left_behind()), f"the run's processes were left behind: {left}"
 
 
-def test_sigterm_while_an_env_hangs_saves_a_checkpoint_at_once(tmp_path):
+def test_sigterm_while_an_env_hangs_saves_a_checkpoint_at_once(tmp_path, own):
     """The learner waits for rollouts in short steps: a preemption's SIGTERM does not wait out the rollout timeout."""
-    before = ray_processes()
     marker = tmp_path / "hung"
-    env = dict(os.environ, PYTHONPATH=str(REPO), DPPO_HANG_MARKER=str(marker))
     args = ["--env-id", "tests.envs:HangOnce-v0", *FAULT, "--total-timesteps", "1000000", "--run-name", "t"]
-    proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), *args],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # the env hangs in the first rollout's step, inside the training loop: the signal cannot come before it
+    proc = own.start(SCRIPT, args, tmp_path, env={"DPPO_HANG_MARKER": str(marker)})
     deadline = time.time() + 120
     while time.time() < deadline and not marker.exists():
         time.sleep(0.2)
@@ -266,8 +284,7 @@ def test_sigterm_while_an_env_hangs_saves_a_checkpoint_at_once(tmp_path):
     assert proc.returncode == 143 and time.time() - start < 30, stderr
     assert "Traceback" not in stderr
     assert summary(tmp_path, "t")["status"] == "interrupted" and (tmp_path / "runs" / "t" / "checkpoint.pt").is_file()
-    time.sleep(2)
-    assert not ray_processes() - before, "Ray processes were left behind"
+    assert not (left := own.left_behind()), f"the run's processes were left behind: {left}"
 
 
 def test_two_node_cluster_places_actors_on_both_nodes(tmp_path):
@@ -301,27 +318,20 @@ def test_resume_in_process_mode(tmp_path):
 
 
 @pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_ctrl_c_or_sigterm_checkpoints_and_leaves_no_ray_processes(tmp_path, signum, status):
+def test_ctrl_c_or_sigterm_checkpoints_and_leaves_no_ray_processes(tmp_path, own, signum, status):
     """Ctrl-C, or the SIGTERM with which SLURM, Kubernetes and spot instances preempt a job."""
-    before = ray_processes()
-    env = dict(os.environ, PYTHONPATH=str(REPO))
     args = [*CARTPOLE, "--total-timesteps", "10000000", "--run-name", "i", "--checkpoint-every", "0"]
-    proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), *args], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True
-    )
+    proc = own.start(SCRIPT, args, tmp_path, stdout=None)
     run_dir = tmp_path / "runs" / "i"
-    deadline = time.time() + 120
-    while time.time() < deadline and not list(run_dir.glob("events.*")):
-        time.sleep(0.5)
-    time.sleep(5)
+    # the signal must find the run training: one at step 0 would leave no step to checkpoint
+    assert wait_until_trained(run_dir, proc), "the run never trained"
     proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == status, stderr
     assert "Traceback" not in stderr
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert ckpt["global_step"] > 0 and summary(tmp_path, "i")["status"] == "interrupted"
-    time.sleep(2)
-    assert not ray_processes() - before, "Ray processes were left behind"
+    assert not (left := own.left_behind()), f"the run's processes were left behind: {left}"
 
 
 @pytest.mark.parametrize(

@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 import signal
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from tests.conftest import PPO_SCRIPT, REPO, run_ppo, run_python, start_python, tensorboard_events
+from tests.conftest import PPO_SCRIPT, REPO, run_ppo, run_python, start_python, tensorboard_events, wait_until_trained
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from edits import edited_copy  # noqa: E402
@@ -107,11 +106,8 @@ def test_ctrl_c_checkpoints_every_seed_and_resume_continues_them_all(tmp_path):
     args += ["--total-timesteps", "1000000", "--checkpoint-every", "0", "--quiet"]
     args += ["--num-seeds", "2", "--run-name", "c"]
     proc = start_python(PPO_SCRIPT, args, tmp_path)
-    first = tmp_path / "runs" / "c__1"
-    deadline = time.time() + 180
-    while time.time() < deadline and not list(first.glob("events.*")):
-        time.sleep(0.5)
-    time.sleep(6)  # past the compile, a few iterations
+    for seed in (1, 2):  # each seed has trained once (the seeds of the two sampler processes update apart)
+        assert wait_until_trained(tmp_path / "runs" / f"c__{seed}", proc), "the run ended before its first update"
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr

@@ -17,14 +17,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, run_python, start_python
+from tests.conftest import REPO, run_python, start_python, wait_until_trained
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 # Short Pendulum runs, 2 configurations x 2 seeds.
 SWEEP = ["--envs", "Pendulum-v1", "--impls", "ppo", "--seeds", "2", "--grid", "learning-rate=1e-4,3e-4"]
 SHORT = ["--total-timesteps", "2048", "--num-steps", "512", "--num-minibatches", "4"]
-LABELS = ["ppo__learning-rate=1e-4", "ppo__learning-rate=3e-4"]
+LABELS = ["ppo__learning-rate=0.0001", "ppo__learning-rate=0.0003"]
 
 LEARNING = REPO / "benchmarks" / "learning.py"
 PLOTS = {"MPLBACKEND": "Agg"}  # no display
@@ -78,12 +78,16 @@ def test_grid_names_configurations_and_refuses_what_does_not_fit(capsys):
 
     cfg = learning.parse_args(["--impls", "ppo", "--grid", "learning-rate=1e-4,3e-4", "norm-adv=True,False"])
     assert cfg.impls == [
-        "ppo__learning-rate=1e-4__norm-adv=True",
-        "ppo__learning-rate=1e-4__norm-adv=False",
-        "ppo__learning-rate=3e-4__norm-adv=True",
-        "ppo__learning-rate=3e-4__norm-adv=False",
+        "ppo__learning-rate=0.0001__norm-adv=True",
+        "ppo__learning-rate=0.0001__norm-adv=False",
+        "ppo__learning-rate=0.0003__norm-adv=True",
+        "ppo__learning-rate=0.0003__norm-adv=False",
     ]
-    assert learning.config_flags(cfg.configs[1][2], cfg.bool_flags) == ["--learning-rate=1e-4", "--no-norm-adv"]
+    assert learning.config_flags(cfg.configs[1][2], cfg.bool_flags) == ["--learning-rate=0.0001", "--no-norm-adv"]
+    written_otherwise = learning.parse_args(
+        ["--impls", "ppo", "--grid", "learning-rate=0.0001,0.0003", "norm-adv=true,false"]
+    )
+    assert written_otherwise.impls == cfg.impls  # values as values: one configuration, one folder, however written
     argv = learning.trainer_argv(cfg, ("x", "ppo", {"ent-coef": "0.01"}, "Hopper-v5", 3), "runs/g/x", "new", "")
     assert argv[0] == "ppo_continuous.py" and "--ent-coef=0.01" in argv and "--run-name=bench/x/Hopper-v5__3" in argv
     for grid, message in [
@@ -92,6 +96,8 @@ def test_grid_names_configurations_and_refuses_what_does_not_fit(capsys):
         (["norm-adv=1,0"], "--norm-adv is a switch"),
         (["learning-rate"], "write FLAG=V1,V2"),
         (["learning-rate=1e-4,"], "write FLAG=V1,V2"),
+        (["learning-rate=3e-4,0.0003"], "repeat a value"),  # one value written two ways
+        (["update-epochs=1,2.5"], "--update-epochs takes an integer"),
     ]:
         with pytest.raises(SystemExit):
             learning.parse_args(["--impls", "ppo", "dppo_async", "--grid", *grid])
@@ -127,7 +133,7 @@ def test_sweep_lands_on_both_nodes_and_comes_back_to_the_head(tmp_path, cluster)
     table = (tmp_path / "out" / "learning.md").read_text()
     for label in LABELS:
         assert f"| Pendulum-v1 | {label} | 2 | 2,048 |" in table
-    assert "| Pendulum-v1 | ppo__learning-rate=3e-4 | " in table.split("Difference in final return")[1]
+    assert "| Pendulum-v1 | ppo__learning-rate=0.0003 | " in table.split("Difference in final return")[1]
 
     again = run_learning(tmp_path, cluster.address, *SWEEP, *SHORT)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -200,10 +206,8 @@ def test_ctrl_c_keeps_finished_runs_and_storage_runs_resume(tmp_path, sigint_ign
     sweep += ["--grid", "learning-rate=1e-4,3e-4"]
     proc = start_learning(tmp_path, cluster.address, *sweep, *long_run)
     interrupted = storage / "runs" / "bench" / LABELS[1] / "Pendulum-v1__1"
-    deadline = time.time() + 180
-    while time.time() < deadline and not list(interrupted.glob("events.*")):
-        time.sleep(0.5)
-    time.sleep(3)
+    # the signal must find the trainer training: one that came as it started could leave it no step to checkpoint
+    assert wait_until_trained(interrupted, proc, timeout=180), "the interrupted run never trained"
     proc.send_signal(signal.SIGINT)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode != 0
@@ -249,21 +253,40 @@ def test_difference_table_gives_welch_interval_and_the_least_possible_p():
     ]
     table = "\n".join(difference_table(rows, "base"))
     low, high = welch_interval(high_seeds, low_seeds)
-    assert f"| Hopper-v5 | new | +9 | [{low:+.0f}, {high:+.0f}] | 0.029 | 0.029 |" in table
-    assert "Welch" in table and "least possible p" in table
+    assert f"| Hopper-v5 | new | +9 | [{low:+.0f}, {high:+.0f}] | 0.029 | 0.029 | 0.029 |" in table
+    assert "Welch" in table and "least possible p" in table and "1 task compared" in table
+    two_tasks = rows + [{**row, "env": "Walker2d-v5"} for row in rows]  # the same gap on a second task
+    table = "\n".join(difference_table(two_tasks, "base"))
+    assert "| Walker2d-v5 | new | +9 |" in table and "| 0.029 | 0.029 | 0.057 |" in table  # Bonferroni: p × 2
 
 
-def test_final_table_gives_per_seed_finals_sample_std_and_flags_mixed_code():
+def test_final_table_gives_per_seed_finals_sample_std_and_flags_mixed_code_and_versions():
     from learning_report import final_return_table, summary_row
 
     steps, secs = [0, 100], [0.0, 1.0]
     runs = [(steps, secs, [0.0, value]) for value in (10.0, 20.0, 30.0)]
     row = summary_row("Hopper-v5", "ppo", [tuple(map(np.asarray, run)) for run in runs], None, ["aaaa"])
     assert row["final_std"] == pytest.approx(10.0)  # the sample std (n - 1): np.std would say 8.16
-    table = "\n".join(final_return_table([{**row, "target": 1.0}]))
-    assert "| 10, 20, 30 | 20 ± 10 |" in table and "| aaaa |" in table and "Mixed code" not in table
-    mixed = "\n".join(final_return_table([{**row, "target": 1.0}, {**row, "target": 1.0, "codes": ["bbbb"]}]))
-    assert "**Mixed code:** these runs were trained by 2 versions of the scripts (aaaa, bbbb" in mixed
+
+    def entry(gae_sha: str, torch_version: str) -> dict:  # a run.json entry, as a hand-made run would have it
+        code = {
+            "modules": {"gae": {"path": "gae.py", "sha256": gae_sha * 64}},
+            "commit": "c" * 40,
+            "scripts_clean": True,
+        }
+        packages = {"torch": torch_version, "gymnasium": "1.2.2", "mujoco": None, "numpy": "2.0", "ray": None}
+        return {"code": code, "environment": {"python": "3.11.7", "packages": packages, "cpu": "X", "cores": 2}}
+
+    alike = [{**row, "entries": [entry("a", "2.13.0")]}, {**row, "impl": "dppo", "entries": [entry("a", "2.13.0")]}]
+    table = "\n".join(final_return_table(alike))
+    assert "| 10, 20, 30 | 20 ± 10 |" in table and "| aaaa |" in table and "| — |" in table  # no target: a dash
+    assert "Mixed" not in table and "Ran on Python 3.11.7; torch 2.13.0, gymnasium 1.2.2, numpy 2.0; CPU: X" in table
+    mixed = [{**row, "entries": [entry("a", "2.13.0")]}, {**row, "impl": "dppo", "entries": [entry("b", "2.5.1")]}]
+    table = "\n".join(final_return_table(mixed))
+    assert "**Mixed code:** gae in 2 versions" in table
+    assert "**Mixed versions:** the runs ran on Python 3.11.7; torch 2.13.0" in table and "torch 2.5.1" in table
+    unrecorded = "\n".join(final_return_table([{**row, "entries": [], "unrecorded": 1}]))
+    assert "**Mixed code:** 1 runs without run.json" in unrecorded
 
 
 def run_local_sweep(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -296,15 +319,81 @@ def test_a_sweep_never_reuses_a_run_of_other_flags_or_code(tmp_path):
         assert f"{was}, this sweep asks {asks}" in line and "--rerun-changed" in line
     assert json.loads((folder / "summary.json").read_text())["env_steps"] == 1024, "a refusal touches nothing"
 
-    record["code"]["scripts_sha256"] = "0" * 64  # as if trained before the scripts changed
+    assert set(record["code"]["modules"]) >= {"ppo_continuous.py", "gae", "checkpoints", "run_management"}
+    record["code"]["modules"]["gae"]["sha256"] = "0" * 64  # as if trained before gae.py changed
     (folder / "run.json").write_text(json.dumps(record))
     refused = run_local_sweep(tmp_path, "--total-timesteps", "1024", "--num-minibatches", "4")
-    assert refused.returncode == 1 and "was trained by other code (scripts 000000000000" in refused.stderr
+    assert refused.returncode == 1 and "was trained by other code (gae.py has changed since" in refused.stderr
 
     rerun = run_local_sweep(tmp_path, "--total-timesteps", "2048", "--num-minibatches", "4", "--rerun-changed")
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert json.loads((folder / "summary.json").read_text())["env_steps"] == 2048
     assert "--total-timesteps=2048" in json.loads((folder / "run.json").read_text())["command"]
+    (kept,) = folder.parent.glob("Pendulum-v1__1.replaced-*")  # the old run, set aside, not deleted
+    assert json.loads((kept / "summary.json").read_text())["env_steps"] == 1024
+    assert f"kept as {kept.name}" in rerun.stderr
+
+
+def fake_venv(tmp_path: Path, numpy_version: str) -> Path:
+    """A venv whose packages are this one's, but whose metadata says numpy is `numpy_version`: another venv, as far
+    as a run's recorded versions can tell."""
+    import site
+
+    venv = tmp_path / "other_venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (own,) = venv.glob("lib/python*/site-packages")
+    (own / "these_packages.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    info = own / f"numpy-{numpy_version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: numpy\nVersion: {numpy_version}\n")
+    return venv / "bin" / "python"
+
+
+def test_a_sweep_refuses_other_versions_a_changed_env_module_a_run_extended_by_hand_and_reports_checked(tmp_path):
+    """A run is reused (or reported) only when its recorded versions, the code of every module it imported (a custom
+    env's outside the repository too) and every resume's flags match: otherwise refused in one line."""
+    env_module = tmp_path / "myenvs.py"
+    source = 'import gymnasium as gym\ngym.register("MyPendulum-v0", "gymnasium.envs.classic_control:PendulumEnv", '
+    env_module.write_text(source + "max_episode_steps=200)\n")
+    flags = ["--envs", "myenvs:MyPendulum-v0", "--total-timesteps", "1024", "--num-minibatches", "4"]
+    first = run_local_sweep(tmp_path, *flags)
+    assert first.returncode == 0, first.stderr[-3000:]
+    folder = tmp_path / "runs" / "bench" / "ppo" / "myenvs:MyPendulum-v0__1"
+    record = json.loads((folder / "run.json").read_text())
+    assert record["code"]["modules"]["myenvs"]["path"] == str(env_module)
+    assert record["environment"]["packages"]["numpy"] == np.__version__ and record["environment"]["python"]
+    table = (tmp_path / "out" / "learning.md").read_text()
+    assert "| myenvs:MyPendulum-v0 | ppo | 1 |" in table and "Ran on Python" in table
+
+    def refused(result: subprocess.CompletedProcess, words: str) -> None:
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        line = result.stderr.strip()
+        assert "\n" not in line and line.startswith("learning.py: error: runs/bench/ppo/myenvs:MyPendulum-v0__1 ")
+        assert words in line, line
+
+    env_module.write_text(source + "max_episode_steps=100)\n")  # another episode length: another task
+    refused(run_local_sweep(tmp_path, *flags), f"was trained by other code ({env_module} has changed since")
+    env_module.write_text(source + "max_episode_steps=200)\n")
+    other = fake_venv(tmp_path, "0.0.1")
+    refused(
+        run_local_sweep(tmp_path, *flags, "--python", str(other)),
+        f"was trained with numpy {np.__version__}, this sweep's Python has 0.0.1",
+    )
+    report_args = ["--envs", "myenvs:MyPendulum-v0", "--impls", "ppo", "--seeds", "1", "--num-steps", "512"]
+    report_args += ["--num-minibatches", "4", "--out-dir", str(tmp_path / "report")]
+    report = run_python(LEARNING, [*report_args, "--total-timesteps", "2048"], tmp_path, env=PLOTS, repo_on_path=False)
+    refused(report, "was run with --total-timesteps=1024, this sweep asks --total-timesteps=2048")
+    assert not (tmp_path / "report").exists(), "report-only mode wrote no table of runs it did not ask for"
+    report = run_python(LEARNING, [*report_args, "--total-timesteps", "1024"], tmp_path, env=PLOTS, repo_on_path=False)
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert "| myenvs:MyPendulum-v0 | ppo | 1 |" in (tmp_path / "report" / "learning.md").read_text()
+
+    checkpoint = folder / "checkpoint.pt"
+    extended = run_python(
+        REPO / "ppo_continuous.py", ["--resume", str(checkpoint), "--total-timesteps", "2048"], tmp_path
+    )
+    assert extended.returncode == 0, extended.stderr[-3000:]
+    refused(run_local_sweep(tmp_path, *flags), "was resumed with --total-timesteps=2048 (by hand")
 
 
 def test_seeds_together_train_as_one_process_and_read_as_the_single_runs(tmp_path):
