@@ -81,8 +81,8 @@ REFUSED_FLAGS = {
 @dataclass
 class Args(ppo.Args):
     """Every flag of ppo_continuous.py, with the same meaning, plus the distribution's; but the rollout's shape is
-    --num-actors x --num-envs-per-actor envs of --num-steps steps each, so --num-envs is refused (REFUSED_FLAGS), and
-    --num-seeds is ppo_continuous.py's alone."""
+    --num-actors x --num-envs-per-actor envs of --num-steps steps each (ppo_continuous.py's num-envs flag is refused
+    in one line, REFUSED_FLAGS), and --num-seeds is ppo_continuous.py's alone."""
 
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment"""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -133,11 +134,17 @@ def run_environment() -> dict:
     }
 
 
+@functools.cache
+def python_roots() -> tuple[str, ...]:
+    """The folders of Python's own library and of its installed packages."""
+    paths = sysconfig.get_paths()
+    return tuple({paths[key] + os.sep for key in ("stdlib", "platstdlib", "purelib", "platlib")})
+
+
 def installed_file(path: str) -> bool:
     """Whether a module's file belongs to Python or to an installed package (not to the run's own code)."""
-    roots = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
     parts = os.path.normpath(path).split(os.sep)
-    return "site-packages" in parts or "dist-packages" in parts or any(path.startswith(root + os.sep) for root in roots)
+    return "site-packages" in parts or "dist-packages" in parts or path.startswith(python_roots())
 
 
 def generated_file(path: str) -> bool:

@@ -46,6 +46,7 @@ def run_quick(script: str, out_dir: Path, *extra: str) -> subprocess.CompletedPr
         ("learning.py", "learning", ["| Pendulum-v1 | ppo |", "| Pendulum-v1 | dppo_sync |", "| Pendulum-v1 | sb3 |"]),
     ],
 )
+@pytest.mark.slow
 def test_quick_mode_writes_table_and_plot(tmp_path, script, name, rows):
     result = run_quick(script, tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -168,6 +169,7 @@ def run_script(script: str, *args: str, cwd: Path) -> subprocess.CompletedProces
         ("scaling.py", ["--rllib-python", "no/such/python"], "--rllib-python"),
     ],
 )
+@pytest.mark.slow
 def test_missing_venv_or_script_fails_at_once_with_one_line(script, args, expected, tmp_path):
     result = run_script(script, *args, "--out-dir", str(tmp_path / "out"), cwd=tmp_path)
     assert result.returncode != 0
@@ -252,6 +254,7 @@ MACHINE_PATH = re.compile(r"(?<![\w.])/(work|root|tmp|home)/")
         "local_cluster.py",
     ],
 )
+@pytest.mark.slow
 def test_help_exits_0_and_names_only_files_that_exist(script, tmp_path):
     result = run_script(script, "--help", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -313,6 +316,7 @@ def test_learning_run_resumes_a_half_finished_set(tmp_path):
     assert run_status(str(tmp_path / "never"), cfg) == "new"
 
 
+@pytest.mark.slow
 def test_iteration_profile_quick_times_both_update_paths_and_the_rollout(tmp_path):
     out = tmp_path / "profile.md"
     result = run_script("iteration_profile.py", "--quick", "--env-id", "Pendulum-v1", "--out", str(out), cwd=tmp_path)
@@ -355,6 +359,7 @@ def test_learning_reference_table_sets_each_task_beside_cleanrl():
     assert table.index("MuJoCo") < table.index("dm_control:")
 
 
+@pytest.mark.slow
 def test_learning_aggregate_is_rliables_iqm_of_normalized_scores():
     """Scores: random actions 0, CleanRL's published mean 1. The IQM of a (seeds, tasks) matrix is the mean of its
     middle 50% of runs (scipy's trim_mean at 25%), and its bootstrap interval holds it."""
@@ -406,6 +411,7 @@ def test_learning_jobs_run_side_by_side_and_a_failure_does_not_stop_the_others(t
     assert all((tmp_path / name).exists() for name in "abc")
 
 
+@pytest.mark.slow
 def test_learning_random_returns_run_in_the_given_interpreter_and_are_cached(tmp_path):
     import gymnasium as gym
     from learning_report import random_returns
@@ -448,6 +454,7 @@ def test_learning_python_is_checked_and_made_absolute(tmp_path, monkeypatch, cap
     assert stop.value.code == 2 and "--python venv/bin/nothing: no such executable" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_num_seeds_quick_compares_the_three_ways_on_the_same_seeds(tmp_path):
     out = tmp_path / "num_seeds.md"
     result = run_script("num_seeds.py", "--quick", "--env-id", "Pendulum-v1", "--out", str(out), cwd=tmp_path)

@@ -33,6 +33,7 @@ def run(script: str, args: list[str], cwd: Path, timeout: float = 300) -> subpro
     return run_python(REPO / script, args, cwd, timeout)
 
 
+@pytest.mark.slow
 def test_dppo_has_every_flag_of_ppo_with_the_same_default_and_meaning():
     ppo_fields = {f.name: f for f in dataclasses.fields(ppo_continuous.Args)}
     dppo_fields = {f.name: f for f in dataclasses.fields(dppo_ray.Args)}
@@ -49,6 +50,7 @@ def test_dppo_has_every_flag_of_ppo_with_the_same_default_and_meaning():
             assert f"--{name.replace('_', '-')}" in help_text.stdout, name
 
 
+@pytest.mark.slow
 def test_models_of_either_script_evaluate_with_the_other(tmp_path):
     """A model saved by one script is read by the other's --eval-checkpoint, on the same Box env, with the same
     result."""
@@ -68,6 +70,7 @@ def test_models_of_either_script_evaluate_with_the_other(tmp_path):
         assert line.startswith("Pendulum-v1: mean return")
 
 
+@pytest.mark.slow
 def test_a_discrete_action_model_evaluates_with_dppo_and_is_refused_by_ppo_in_one_line(tmp_path):
     """DPPO trains Discrete actions (CartPole) acting with torch: the numpy actor computes a Gaussian policy, so it is
     off without a check and without a line about it; the gradient is compiled as for any Agent. Its model evaluates
@@ -93,6 +96,7 @@ def test_a_discrete_action_model_evaluates_with_dppo_and_is_refused_by_ppo_in_on
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", list(SHAPE))
 def test_truncation_bootstraps_with_normalized_observations(tmp_path, script):
     """Cycle-v0's final observation differs from the next reset observation, and its reward depends on the state.
@@ -111,6 +115,7 @@ def test_truncation_bootstraps_with_normalized_observations(tmp_path, script):
     np.testing.assert_allclose(values, cycle_values(0.5), atol=0.6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", list(SHAPE))
 def test_interrupted_and_resumed_run_logs_the_same_schedules(tmp_path, script):
     """SIGTERM mid-run (exit 143, a checkpoint), then --resume with the same flags: charts/learning_rate and
@@ -142,6 +147,7 @@ def file_states(folder: Path) -> dict[str, tuple[int, int]]:
     return {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in folder.iterdir()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", list(SHAPE))
 def test_resume_takes_the_runs_flags_from_the_checkpoint(tmp_path, script):
     base = ["--env-id", "Pendulum-v1", "--run-name", "r", *SHAPE[script], *COMMON]
@@ -175,6 +181,7 @@ def test_resume_takes_the_runs_flags_from_the_checkpoint(tmp_path, script):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", list(SHAPE))
 def test_an_existing_run_folder_is_never_mixed(tmp_path, script):
     args = ["--env-id", "Pendulum-v1", "--run-name", "same", "--total-timesteps", "256", *SHAPE[script], *COMMON]
@@ -197,6 +204,7 @@ gym.register(id="MyPendulum-v0", entry_point=PendulumEnv, max_episode_steps=200)
 @pytest.mark.parametrize(
     "script, extra", [("ppo_continuous.py", []), ("dppo_ray.py", ["--no-ray"]), ("dppo_ray.py", [])]
 )
+@pytest.mark.slow
 def test_custom_env_module_in_the_working_directory(tmp_path, script, extra):
     """`--env-id myenv:MyPendulum-v0` from the folder that holds myenv.py, with no PYTHONPATH, as python -m would.
     In DPPO this includes the Ray actors. Every run ends with one line on stdout, --quiet included."""
@@ -236,6 +244,7 @@ def test_observation_layout_follows_gymnasiums_flatten_order():
     np.testing.assert_array_equal(checkpoints.flatten_observation(grid, image_like), grid.reshape(2, 6))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["ppo_continuous.py", "dppo_ray.py"])
 def test_dict_observations_train_and_the_saved_policy_flattens_them(tmp_path, script):
     """A nested Dict observation trains in both scripts; the model carries the layout, so --eval-checkpoint and
@@ -256,6 +265,7 @@ def test_dict_observations_train_and_the_saved_policy_flattens_them(tmp_path, sc
     assert not np.allclose(policy.predict(obs), policy.predict(flat[[2, 3, 0, 1, 4, 5]])), "the order must matter"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["ppo_continuous.py", "dppo_ray.py"])
 def test_a_dict_observation_with_a_non_box_entry_is_one_line(tmp_path, script):
     result = run(script, ["--env-id", "tests.envs:ReachDiscreteLeaf-v0", *SHAPE[script], *COMMON], tmp_path)

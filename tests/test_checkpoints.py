@@ -43,6 +43,7 @@ def test_checkpoint_and_resume_continue_steps_and_curves(tmp_path):
     assert not torch.equal(after["agent"]["actor_logstd"], ckpt["agent"]["actor_logstd"])
 
 
+@pytest.mark.slow
 def test_eval_checkpoint_uses_saved_normalization(tmp_path):
     result = run_ppo(
         ["--env-id", "Pendulum-v1", "--total-timesteps", "1024", "--run-name", "e", "--save-model", *SMALL], tmp_path
@@ -99,6 +100,7 @@ def bad_checkpoints(tmp_path: Path) -> dict[str, Path]:
     return {"corrupt": corrupt, "truncated": truncated, "malicious": malicious, "wrong": wrong}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["corrupt", "truncated", "malicious", "wrong"])
 @pytest.mark.parametrize("flag", ["--eval-checkpoint", "--resume"])
 def test_bad_checkpoint_is_refused_without_running_code(tmp_path, kind, flag):
@@ -111,6 +113,7 @@ def test_bad_checkpoint_is_refused_without_running_code(tmp_path, kind, flag):
     assert not (tmp_path / "pwned").exists(), "loading a checkpoint must never execute code"
 
 
+@pytest.mark.slow
 def test_resume_from_checkpoint_of_another_env_is_refused(tmp_path):
     first = run_ppo(["--env-id", "Pendulum-v1", "--total-timesteps", "256", "--run-name", "x", *SMALL], tmp_path)
     assert first.returncode == 0

@@ -49,6 +49,7 @@ def own():
     processes.kill()
 
 
+@pytest.mark.slow
 def test_own_processes_are_the_runs_and_no_others(tmp_path, own):
     """What the check that a run left nothing behind counts: a process with the test's tag in its environment, or one
     in the session of a script the test started (though its environment lost the tag, as /proc shows Ray's agents'),
@@ -76,6 +77,7 @@ def test_own_processes_are_the_runs_and_no_others(tmp_path, own):
             p.wait()
 
 
+@pytest.mark.slow
 def test_sync_learns_cartpole_and_evaluates(tmp_path, own):
     args = [*CARTPOLE, "--total-timesteps", "200000", "--run-name", "cp", "--save-model"]
     result = run(args, tmp_path, 600, own=own)
@@ -94,6 +96,7 @@ def test_sync_learns_cartpole_and_evaluates(tmp_path, own):
     assert not (left := own.left_behind()), f"the runs' processes were left behind: {left}"
 
 
+@pytest.mark.slow
 def test_sync_mode_is_reproducible(tmp_path):
     args = [*CARTPOLE, "--total-timesteps", "4096", "--run-name", "s", "--seed", "5"]
     for folder in ("a", "b"):
@@ -106,6 +109,7 @@ def test_sync_mode_is_reproducible(tmp_path):
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
+@pytest.mark.slow
 def test_async_bounds_policy_lag_and_counts_drops(tmp_path):
     """With --max-policy-lag 0, the rollout each actor samples while the learner updates is one version old and is
     dropped; only fresh rollouts are trained on. The module:id env form must resolve inside the actors."""
@@ -131,6 +135,7 @@ def test_async_default_lag_is_logged_and_within_bound(tmp_path):
     assert summary(tmp_path, "b")["env_steps"] == 8192
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sync_every, max_policy_lag", [(1, 0), (4, 0), (4, 1), (4, 2), (10, 3), (3, 8)])
 def test_async_never_stalls_in_process(tmp_path, sync_every, max_policy_lag):
     """Every combination finishes: in async mode the weights also go out before the lag window closes on every
@@ -145,6 +150,7 @@ def test_async_never_stalls_in_process(tmp_path, sync_every, max_policy_lag):
     assert max(scalars(tmp_path, "g", "charts/policy_lag_max")) <= max_policy_lag
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sync_every, max_policy_lag", [(4, 2), (8, 1)])
 def test_async_never_stalls_on_ray(tmp_path, sync_every, max_policy_lag):
     args = ["--env-id", "tests.envs:Truncating-v0", "--mode", "async", "--num-steps", "64", "--num-minibatches", "2"]
@@ -157,6 +163,7 @@ def test_async_never_stalls_on_ray(tmp_path, sync_every, max_policy_lag):
     assert max(scalars(tmp_path, "r", "charts/policy_lag_max")) <= max_policy_lag
 
 
+@pytest.mark.slow
 def test_nan_observations_are_dropped_not_merged(tmp_path):
     """Actors send moments of the observations they met: NaN rows must be left out before the learner merges them,
     or the statistics (broadcast to every actor) would spoil every later batch."""
@@ -172,6 +179,7 @@ def test_nan_observations_are_dropped_not_merged(tmp_path):
     assert all(np.isfinite(v) for v in scalars(tmp_path, "n", "losses/value_loss"))
 
 
+@pytest.mark.slow
 def test_always_nan_env_stops_with_one_line_and_no_ray_left(tmp_path, own):
     args = ["--env-id", "tests.envs:AlwaysNan-v0", "--num-steps", "64", "--num-minibatches", "2"]
     result = run([*args, "--total-timesteps", "2560", "--run-name", "x", "--quiet"], tmp_path, own=own)
@@ -182,6 +190,7 @@ def test_always_nan_env_stops_with_one_line_and_no_ray_left(tmp_path, own):
     assert not (left := own.left_behind()), f"the run's processes were left behind: {left}"
 
 
+@pytest.mark.slow
 def test_killed_actor_is_restarted_and_the_run_completes(tmp_path):
     marker = tmp_path / "crashed"
     args = ["--env-id", "tests.envs:CrashOnce-v0", "--num-steps", "128", "--num-minibatches", "2"]
@@ -205,6 +214,7 @@ def last_line(text: str) -> str:
 
 # sync: the restarted actor's start (a new process importing torch) and first rollout must fit in the timeout too,
 # which 4 s did not always on a loaded machine
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, total, timeout", [("sync", 2560, 8), ("async", 6400, 4)])
 def test_an_env_that_hangs_once_gets_its_actor_restarted_and_the_run_does_every_step(
     tmp_path, own, mode, total, timeout
@@ -234,6 +244,7 @@ def test_an_env_that_hangs_once_gets_its_actor_restarted_and_the_run_does_every_
         ("DiesOnReset-v0", ["--max-actor-restarts", "2"], "3 actor restarts, past --max-actor-restarts 2"),
     ],
 )
+@pytest.mark.slow
 def test_an_env_that_breaks_for_good_stops_the_run_with_a_checkpoint(tmp_path, own, env_id, flags, cause):
     args = ["--env-id", f"tests.envs:{env_id}", *FAULT, *flags, "--total-timesteps", "1000000", "--run-name", "b"]
     result = run(args, tmp_path, env={"PYTHONWARNINGS": "ignore"}, own=own)
@@ -257,6 +268,7 @@ def test_an_env_that_breaks_for_good_stops_the_run_with_a_checkpoint(tmp_path, o
         ("RaisesOnReset-v0", "rollout actor 0 failed as it started: RuntimeError: simulator lost its connection"),
     ],
 )
+@pytest.mark.slow
 def test_an_actor_that_fails_as_it_starts_stops_the_run(tmp_path, own, env_id, cause):
     args = ["--env-id", f"tests.envs:{env_id}", *FAULT, "--max-actor-restarts", "1", "--run-name", "d"]
     args += ["--total-timesteps", "1000000"]
@@ -267,6 +279,7 @@ def test_an_actor_that_fails_as_it_starts_stops_the_run(tmp_path, own, env_id, c
     assert not (left := own.left_behind()), f"the run's processes were left behind: {left}"
 
 
+@pytest.mark.slow
 def test_sigterm_while_an_env_hangs_saves_a_checkpoint_at_once(tmp_path, own):
     """The learner waits for rollouts in short steps: a preemption's SIGTERM does not wait out the rollout timeout."""
     marker = tmp_path / "hung"
@@ -287,6 +300,7 @@ def test_sigterm_while_an_env_hangs_saves_a_checkpoint_at_once(tmp_path, own):
     assert not (left := own.left_behind()), f"the run's processes were left behind: {left}"
 
 
+@pytest.mark.slow
 def test_two_node_cluster_places_actors_on_both_nodes(tmp_path):
     from ray.cluster_utils import Cluster
 
@@ -302,6 +316,7 @@ def test_two_node_cluster_places_actors_on_both_nodes(tmp_path):
         cluster.shutdown()
 
 
+@pytest.mark.slow
 def test_resume_in_process_mode(tmp_path):
     base = [*CARTPOLE, "--no-ray", "--run-name", "r"]
     first = run([*base, "--total-timesteps", "2048"], tmp_path)
@@ -317,6 +332,7 @@ def test_resume_in_process_mode(tmp_path):
     assert sorted({e.step for e in acc.Scalars("losses/approx_kl")}) == [512 * i for i in range(1, 9)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_ctrl_c_or_sigterm_checkpoints_and_leaves_no_ray_processes(tmp_path, own, signum, status):
     """Ctrl-C, or the SIGTERM with which SLURM, Kubernetes and spot instances preempt a job."""
@@ -351,6 +367,7 @@ def test_ctrl_c_or_sigterm_checkpoints_and_leaves_no_ray_processes(tmp_path, own
         (["--stale-correction", "decoupled"], "--stale-correction needs stale data"),
     ],
 )
+@pytest.mark.slow
 def test_bad_input_one_line_error(tmp_path, args, message):
     running_gcs = subprocess.run(["pgrep", "-f", "gcs_server"], capture_output=True).returncode == 0
     if "auto" in args and "--no-ray" not in args and running_gcs:
@@ -363,6 +380,7 @@ def test_bad_input_one_line_error(tmp_path, args, message):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_actors_share_the_cpus_when_one_each_does_not_fit(tmp_path):
     actors = str((os.cpu_count() or 2) + 2)
     args = [
@@ -384,6 +402,7 @@ def test_actors_share_the_cpus_when_one_each_does_not_fit(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_corrupt_checkpoint_refused(tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"garbage")

@@ -97,6 +97,7 @@ def first_switch(summary: dict) -> int | None:
     return min((s["iteration"] for s in summary["fast_path_switches"]), default=None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("edit", [edit for edit in EDITS if edit not in ("tanh_no_entropy", "mixture_policy")])
 def test_an_edit_trains_as_written_on_both_paths(tmp_path, edit):
     folder = edited_copy(tmp_path, edit)
@@ -153,6 +154,7 @@ def run_once(folder: Path) -> subprocess.CompletedProcess:
     return run_python("ppo_continuous.py", [*RUN, "--run-name", "r"], folder, timeout=300, repo_on_path=False)
 
 
+@pytest.mark.slow
 def test_a_policy_without_an_entropy_is_one_line_saying_what_to_do(tmp_path):
     """A tanh-squashed Gaussian straight from torch.distributions has no entropy(): the run stops with one line that
     names what is missing and what to write instead, never a traceback."""
@@ -164,6 +166,7 @@ def test_a_policy_without_an_entropy_is_one_line_saying_what_to_do(tmp_path):
     assert "Agent.evaluate return an estimate" in last
 
 
+@pytest.mark.slow
 def test_a_saved_policy_without_a_mode_still_leaves_its_summary_and_closing_line(tmp_path):
     """A mixture of Gaussians trains (Agent.evaluate returns an entropy estimate) but has no mode for --save-model's
     mean-action evaluation: one line says so, and summary.json, the model and the closing line are all there."""
@@ -178,6 +181,7 @@ def test_a_saved_policy_without_a_mode_still_leaves_its_summary_and_closing_line
     assert (folder / "runs" / "r" / "ppo_continuous.model").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("edit", ["relu", "extra_loss_term", "input_clamp"])
 def test_dppo_trains_the_edited_network_too(tmp_path, edit):
     """dppo_ray.py shares the agent, the loss, the update and the acting audit: the same edit runs the same way there.

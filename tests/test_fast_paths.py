@@ -298,6 +298,7 @@ def test_a_hook_registered_during_the_run_moves_the_next_update_to_loss_backward
     assert "a gradient hook on actor_logstd" in lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("decoupled", [False, True])
 def test_the_compiled_gradient_steps_as_loss_backward_over_ten_minibatches(decoupled):
     """The compiled gradient (torch.func through the live Agent and gae.ppo_loss, compiled) against loss.backward():

@@ -66,6 +66,7 @@ def test_each_seed_trains_and_writes_as_its_single_run(tmp_path):
         torch.testing.assert_close(saved[name], value, rtol=1e-3, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("edit", ["relu", "dual_clip"])
 def test_an_edit_reaches_every_seed(edit, tmp_path):
     folder = edited_copy(tmp_path, edit)
@@ -84,6 +85,7 @@ def test_an_edit_reaches_every_seed(edit, tmp_path):
     assert not np.allclose(edited["losses/policy_loss"], unedited["losses/policy_loss"], rtol=1e-3, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_seed_whose_env_fails_stops_alone_with_its_checkpoint(tmp_path):
     args = ["--env-id", "tests.envs:FailsForSeed2-v0", "--num-steps", "64", "--num-minibatches", "2"]
     args += ["--total-timesteps", "640", "--obs-warmup-steps", "0", "--quiet", "--num-seeds", "3", "--run-name", "f"]
@@ -101,6 +103,7 @@ def test_a_seed_whose_env_fails_stops_alone_with_its_checkpoint(tmp_path):
         assert summary["status"] == "completed" and summary["env_steps"] == 640
 
 
+@pytest.mark.slow
 def test_ctrl_c_checkpoints_every_seed_and_resume_continues_them_all(tmp_path):
     args = ["--env-id", "Pendulum-v1", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2"]
     args += ["--total-timesteps", "1000000", "--checkpoint-every", "0", "--quiet"]
@@ -133,6 +136,7 @@ def test_ctrl_c_checkpoints_every_seed_and_resume_continues_them_all(tmp_path):
         assert json.loads((folder / "summary.json").read_text())["status"] == "completed"
 
 
+@pytest.mark.slow
 def test_num_seeds_is_refused_where_it_does_not_fit(tmp_path):
     refused = [
         (run_ppo(["--num-seeds", "0"], tmp_path), "ppo_continuous.py: error: --num-seeds must be positive, got 0"),
@@ -148,6 +152,7 @@ def test_num_seeds_is_refused_where_it_does_not_fit(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_resuming_one_seed_alone_leaves_the_others(tmp_path):
     args = [*RUN, "--num-seeds", "2", "--run-name", "r", "--no-compile"]
     assert run_ppo(args, tmp_path).returncode == 0

@@ -141,6 +141,7 @@ def cleanrl_command(drop: tuple[str, ...] = (), **values: str) -> list[str]:
     return [item for flag, value in flags.items() if flag not in drop for item in [flag, value] if item is not None]
 
 
+@pytest.mark.slow
 def test_a_cleanrl_command_line_with_every_flag_trains_and_upload_model_is_refused_in_one_line(tmp_path):
     """Every flag of CleanRL's Args, spelled out, is taken with CleanRL's meaning (the run's summary records each
     value; batch sizes and iterations are computed, as in CleanRL). --upload-model is refused in one line, exit status
@@ -212,6 +213,7 @@ def critic_values(run_dir: Path) -> np.ndarray:
         return agent.get_value(torch.arange(5, dtype=torch.float32)[:, None]).numpy()
 
 
+@pytest.mark.slow
 def test_autoreset_records_real_episodes_only(tmp_path):
     """With SAME_STEP autoreset no fake reset transition enters the data: every 5-step episode returns exactly 5."""
     result = run_ppo(
@@ -225,6 +227,7 @@ def test_autoreset_records_real_episodes_only(tmp_path):
     assert set(lengths) == {5.0} and set(returns) == {5.0}
 
 
+@pytest.mark.slow
 def test_truncation_bootstraps_and_termination_does_not(tmp_path):
     """Reward 1 per step, gamma 0.5. If the time limit bootstraps from V(final obs), V = 1/(1-0.5) = 2 in every state;
     had truncation been treated as termination, V would fall to 1 at the last step. A real termination gives
@@ -291,6 +294,7 @@ def test_gaussian_logprob_and_entropy_match_torch_distributions():
 # ---------------------------------------------------------------------------------------------------------------------
 # Learning: fails when learning breaks
 # ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_learns_pendulum(tmp_path):
     """RL-Zoo's Pendulum settings (4 envs x 1024 steps, gamma 0.9, lr 1e-3), 100k steps, about a minute here.
     A random policy scores about -1200; this run reaches about -400 (mean of the last 100 training episodes)."""

@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 import run_management  # noqa: E402
 
 
+@pytest.mark.slow
 def test_mujoco_run_leaves_nothing_in_cwd(tmp_path):
     result = run_ppo(["--env-id", "Hopper-v5", "--total-timesteps", "512", "--run-name", "h", *SMALL], tmp_path)
     assert result.returncode == 0, result.stderr
@@ -45,6 +46,7 @@ def test_mujoco_run_leaves_nothing_in_cwd(tmp_path):
 # ---------------------------------------------------------------------------------------------------------------------
 # Numerical guard, health warnings, Ctrl-C
 # ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_numerical_guard_skips_bad_batches_then_stops(tmp_path):
     # NaN rewards start after 600 steps of each sub-env: iterations 1-4 (128 steps per env) are clean, iteration 5 has
     # 88 good steps of 128 per env and trains without the other 80 samples, and from iteration 6 nothing is usable.
@@ -65,6 +67,7 @@ def test_numerical_guard_skips_bad_batches_then_stops(tmp_path):
     assert [e.value for e in acc.Scalars("guard/dropped_samples")][0] == 80
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env_id", ["tests.envs:NanSometimes-v0", "tests.envs:NanObsSometimes-v0"])
 def test_flaky_env_trains_to_completion_dropping_bad_samples(tmp_path, env_id):
     """One NaN reward or observation every 97 steps spoils no batch: those samples are dropped, counted and
@@ -84,6 +87,7 @@ def test_flaky_env_trains_to_completion_dropping_bad_samples(tmp_path, env_id):
     assert all(torch.isfinite(v).all() for v in ckpt["return_rms"].values())
 
 
+@pytest.mark.slow
 def test_always_nan_env_stops_with_one_line(tmp_path):
     args = ["--env-id", "tests.envs:AlwaysNan-v0", "--run-name", "n", "--total-timesteps", "4096", *SMALL]
     result = run_ppo(args, tmp_path)
@@ -93,6 +97,7 @@ def test_always_nan_env_stops_with_one_line(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_health_warning_is_printed_and_logged(tmp_path):
     result = run_ppo(
         [
@@ -115,6 +120,7 @@ def test_health_warning_is_printed_and_logged(tmp_path):
     assert "health/high_kl" in tensorboard_events(tmp_path / "runs" / "k").Tags()["scalars"]
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     args = ["--env-id", "Pendulum-v1", "--total-timesteps", "1000000", "--run-name", "i", "--checkpoint-every", "0"]
@@ -192,6 +198,7 @@ def test_bad_input_one_line_error(tmp_path, args, message):
         "import ppo_continuous; ppo_continuous.make_env('HalfCheetah-v5').reset(seed=0)",
     ],
 )
+@pytest.mark.slow
 def test_mujocos_settotalmass_deprecation_is_not_printed_but_other_warnings_are(tmp_path, capsys, code):
     """Every HalfCheetah env used to print MuJoCo's deprecation of gymnasium's `settotalmass` (two lines on stderr),
     which a user cannot act on; other MuJoCo warnings still reach stderr, and no MUJOCO_LOG.TXT is written."""
@@ -207,6 +214,7 @@ def test_mujocos_settotalmass_deprecation_is_not_printed_but_other_warnings_are(
     assert capsys.readouterr().err == "WARNING: Nan, Inf or huge value in QACC at DOF 0\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["ppo_continuous.py", "dppo_ray.py"])
 def test_capture_video_without_moviepy_is_refused_in_one_line_before_the_run_starts(tmp_path, script):
     """--capture-video writes with moviepy: where it does not import (a moviepy that raises ImportError stands in for
@@ -231,6 +239,7 @@ def test_capture_video_without_moviepy_is_refused_in_one_line_before_the_run_sta
         ("dppo_ray.py", ["--num-actors", "2", "--num-envs-per-actor", "2", "--no-ray"]),
     ],
 )
+@pytest.mark.slow
 def test_total_timesteps_rounded_down_is_said_and_summary_records_the_evaluation_and_mujoco(tmp_path, script, shape):
     """600 steps in batches of 4 envs x 64 steps: the run trains 512 and says so in one line on stderr as it starts.
     summary.json records --save-model's evaluation (the mean return it prints and logs, its episodes) and MuJoCo's
@@ -257,6 +266,7 @@ def test_total_timesteps_rounded_down_is_said_and_summary_records_the_evaluation
     assert summary["mujoco_version"] == mujoco and summary["torch_version"] == torch.__version__
 
 
+@pytest.mark.slow
 def test_a_machine_without_a_cpp_compiler_trains_with_loss_backward_after_one_line(tmp_path):
     """torch.compile's CPU kernels need a C++ compiler: without one (and with nothing in the compile cache) the run
     says so in one line and trains with loss.backward(), never a traceback."""

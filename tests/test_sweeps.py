@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -44,16 +45,20 @@ def start_learning(tmp_path: Path, address: str, *extra: str) -> subprocess.Pope
     return start_python(LEARNING, args, tmp_path, env=PLOTS, repo_on_path=False, stderr=subprocess.STDOUT)
 
 
-def trainers_running(marker: str) -> list[int]:
-    """Pids of trainer processes on this machine whose command line holds `marker`."""
+def trainers_running(marker: str, cluster) -> list[int]:
+    """Pids of the trainer processes of this test's `cluster` whose command line holds `marker`: its nodes carry the
+    cluster's tag in their environment and pass it to every worker and trainer, so another test's sweep (the same
+    flags, beside it) is not counted."""
     pids = []
     for entry in os.listdir("/proc"):
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 command = f.read().decode(errors="replace")
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                tagged = f"{CLUSTER_TAG}={cluster.tag}".encode() in f.read().split(b"\0")
         except OSError:
             continue
-        if "ppo_continuous.py" in command and marker in command:
+        if "ppo_continuous.py" in command and marker in command and tagged:
             pids.append(int(entry))
     return pids
 
@@ -62,11 +67,24 @@ def run_folders(tmp_path: Path, runs: str = "runs") -> list[Path]:
     return [tmp_path / runs / "bench" / label / f"Pendulum-v1__{seed}" for label in LABELS for seed in (1, 2)]
 
 
-@pytest.fixture
-def cluster():
+CLUSTER_TAG = "PPO_TESTS_CLUSTER"
+
+
+def tagged_cluster(monkeypatch, head_cpus: int):
+    """A ray.cluster_utils.Cluster on this machine whose processes carry a tag of their own in their environment."""
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv(CLUSTER_TAG, tag)  # the nodes start from this process and inherit it; their workers too
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus})
+    cluster.tag = tag
+    return cluster
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    """A 2-CPU head node (tests add a second node)."""
+    cluster = tagged_cluster(monkeypatch, 2)
     try:
         yield cluster
     finally:
@@ -113,6 +131,7 @@ def test_grid_names_configurations_and_refuses_what_does_not_fit(capsys):
         assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_sweep_lands_on_both_nodes_and_comes_back_to_the_head(tmp_path, cluster):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -141,12 +160,11 @@ def test_sweep_lands_on_both_nodes_and_comes_back_to_the_head(tmp_path, cluster)
     assert all((folder / "summary.json").is_file() for folder in run_folders(tmp_path))
 
 
-def test_a_node_lost_mid_sweep_costs_only_a_retry(tmp_path):
+@pytest.mark.slow
+def test_a_node_lost_mid_sweep_costs_only_a_retry(tmp_path, monkeypatch):
     """The runs start on worker A (the head has no CPU for them); A is removed while they run, B joins, and the runs
     that were in flight on A run again on B."""
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    cluster = tagged_cluster(monkeypatch, 0)
     try:
         node_a = cluster.add_node(num_cpus=2)
         cluster.wait_for_nodes()
@@ -156,9 +174,9 @@ def test_a_node_lost_mid_sweep_costs_only_a_retry(tmp_path):
         reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
         reader.start()
         deadline = time.time() + 180
-        while time.time() < deadline and len(trainers_running("bench/ppo__learning-rate=")) < 2:
+        while time.time() < deadline and len(trainers_running("bench/ppo__learning-rate=", cluster)) < 2:
             time.sleep(0.5)
-        assert len(trainers_running("bench/ppo__learning-rate=")) == 2, "".join(output)[-3000:]
+        assert len(trainers_running("bench/ppo__learning-rate=", cluster)) == 2, "".join(output)[-3000:]
         time.sleep(2)  # the trainers are under way on A, the only node with CPUs
         cluster.remove_node(node_a)  # the runs wait for a node with CPUs
         node_b = cluster.add_node(num_cpus=2)
@@ -167,7 +185,7 @@ def test_a_node_lost_mid_sweep_costs_only_a_retry(tmp_path):
         text = "".join(output)
         assert proc.returncode == 0, text[-3000:]
         assert text.count("learning.py: done ppo__learning-rate=") == 2
-        assert not trainers_running("bench/ppo__learning-rate="), "the trainers on A stopped with their node"
+        assert not trainers_running("bench/ppo__learning-rate=", cluster), "the trainers on A stopped with their node"
         for folder in run_folders(tmp_path)[::2]:
             assert json.loads((folder / "summary.json").read_text())["env_steps"] == 61440
             assert json.loads((folder / "node.json").read_text())["node_id"] == node_b.node_id, text
@@ -187,6 +205,7 @@ def sigint_ignored():
         signal.signal(signal.SIGINT, previous)
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_finished_runs_and_storage_runs_resume(tmp_path, sigint_ignored, cluster):
     """With --storage (here a folder both nodes of this machine see), Ctrl-C stops the sweep; the run that had
     finished stays, the interrupted ones leave checkpoints, and the next invocation resumes them. The nodes ignore
@@ -295,6 +314,7 @@ def run_local_sweep(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     return run_python(LEARNING, args, tmp_path, timeout=600, env=PLOTS, repo_on_path=False)
 
 
+@pytest.mark.slow
 def test_a_sweep_never_reuses_a_run_of_other_flags_or_code(tmp_path):
     """A finished run is reused only when its run.json says the same command and the same code; otherwise the sweep
     refuses in one line naming the first difference, or reruns it with --rerun-changed."""
@@ -349,6 +369,7 @@ def fake_venv(tmp_path: Path, numpy_version: str) -> Path:
     return venv / "bin" / "python"
 
 
+@pytest.mark.slow
 def test_a_sweep_refuses_other_versions_a_changed_env_module_a_run_extended_by_hand_and_reports_checked(tmp_path):
     """A run is reused (or reported) only when its recorded versions, the code of every module it imported (a custom
     env's outside the repository too) and every resume's flags match: otherwise refused in one line."""
@@ -396,6 +417,7 @@ def test_a_sweep_refuses_other_versions_a_changed_env_module_a_run_extended_by_h
     refused(run_local_sweep(tmp_path, *flags), "was resumed with --total-timesteps=2048 (by hand")
 
 
+@pytest.mark.slow
 def test_seeds_together_train_as_one_process_and_read_as_the_single_runs(tmp_path):
     """--seeds-together trains a configuration's new seeds as one ppo_continuous.py --num-seeds process; each seed's
     folder and run.json are the single run's, so a sweep without it reuses them, and the table cannot tell."""
@@ -431,6 +453,7 @@ def test_unpack_folder_replaces_the_old_folder_only_once_the_new_one_is_whole(tm
     assert sorted(p.name for p in target.parent.iterdir()) == ["run"], "no half-unpacked or old folder is left"
 
 
+@pytest.mark.slow
 def test_lease_gives_a_run_folder_one_writer_at_a_time(tmp_path, monkeypatch):
     """While its holder renews it, a second attempt waits and then gives up; once the holder stops renewing (its node
     was lost), the second takes it over, and the first, if it comes back, finds it gone."""
@@ -481,6 +504,7 @@ def test_orphaned_work_folders_of_dead_workers_are_removed(tmp_path, monkeypatch
     assert not orphan.exists() and alive.exists()
 
 
+@pytest.mark.slow
 def test_a_node_lost_with_storage_resumes_the_run_from_its_checkpoint_on_another_node(tmp_path, monkeypatch):
     """With --storage the run's folder outlives its node: the retry on node B resumes from the checkpoint that the
     trainer on A saved (run.json records the resume), once A's lease on the folder has gone stale."""
