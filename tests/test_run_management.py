@@ -287,3 +287,31 @@ def test_a_machine_without_a_cpp_compiler_trains_with_loss_backward_after_one_li
     assert "C++ compiler" in lines[0] and lines[0].endswith("; loss.backward() from now on")
     summary = json.loads((tmp_path / "runs" / "d" / "summary.json").read_text())
     assert summary["fast_paths"]["gradient"].startswith("loss.backward() from iteration 1: torch.compile failed")
+
+
+def test_code_version_hashes_the_modules_a_run_imported_and_not_a_scratch_file_beside_them(tmp_path, monkeypatch):
+    """A run's code is what it imported from outside the installed packages (and its env id's module), each under its
+    path: a scratch .py lying beside the code changes nothing until something imports it."""
+    import importlib
+
+    import run_management
+
+    (tmp_path / "scratch_beside.py").write_text("x = 1\n")
+    (tmp_path / "my_envs_module.py").write_text("y = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = run_management.code_version(env_id="my_envs_module:Thing-v0")
+    assert "scratch_beside" not in before["modules"] and "gae" in before["modules"]
+    assert before["modules"]["gae"]["path"] == "gae.py"  # inside the repository: its relative path
+    assert before["modules"]["my_envs_module"]["path"] == str(tmp_path / "my_envs_module.py")  # found, not imported
+    assert "my_envs_module" not in sys.modules
+    assert not any(name.startswith("torch") for name in before["modules"])  # installed packages are not the run's
+    assert run_management.code_version(env_id="my_envs_module:Thing-v0")["scripts_sha256"] == before["scripts_sha256"]
+    try:
+        importlib.import_module("scratch_beside")
+        assert "scratch_beside" in run_management.code_version()["modules"]  # once imported, it is the run's code
+    finally:
+        sys.modules.pop("scratch_beside", None)
+    (tmp_path / "my_envs_module.py").write_text("y = 3\n")  # the env's module changed: another run
+    after = run_management.code_version(env_id="my_envs_module:Thing-v0")
+    assert after["modules"]["my_envs_module"]["sha256"] != before["modules"]["my_envs_module"]["sha256"]
+    assert after["scripts_sha256"] != before["scripts_sha256"]
