@@ -42,6 +42,16 @@ register(id="Terminating-v0", entry_point=CountingEnv, kwargs={"length": 5, "ter
 register(id="NanReward-v0", entry_point=CountingEnv, max_episode_steps=5, kwargs={"length": 1000, "nan_after": 600})
 
 
+def claim(path: str) -> bool:
+    """Create the file at `path` if no one has: True for the one process that did. (Actors in sync mode reach the same
+    step together; checking for the file and then creating it would let two of them hang.)"""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
 class CrashOnceEnv(CountingEnv):
     """Kills its own process once, mid-run, to test actor restarts: on its `crash_at`-th step, if the file named by
     $DPPO_CRASH_MARKER does not exist yet, it creates the file and exits the process without cleanup."""
@@ -52,8 +62,7 @@ class CrashOnceEnv(CountingEnv):
 
     def step(self, action):
         marker = os.environ.get("DPPO_CRASH_MARKER")
-        if marker and self.total_steps + 1 == self.crash_at and not os.path.exists(marker):
-            open(marker, "w").close()
+        if marker and self.total_steps + 1 == self.crash_at and claim(marker):
             os._exit(1)
         return super().step(action)
 
@@ -72,8 +81,7 @@ class HangOnceEnv(CountingEnv):
 
     def step(self, action):
         marker = os.environ.get("DPPO_HANG_MARKER")
-        if marker and self.total_steps + 1 == self.hang_at and not os.path.exists(marker):
-            open(marker, "w").close()
+        if marker and self.total_steps + 1 == self.hang_at and claim(marker):
             while True:
                 time.sleep(60)
         time.sleep(self.step_seconds)  # a simulator's cost: the other actors keep sampling for a while meanwhile

@@ -212,10 +212,11 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-# sync: the restarted actor's start (a new process importing torch) and first rollout must fit in the timeout too,
-# which 4 s did not always on a loaded machine
+# The restarted actor's start (a new process importing torch) and first rollout must fit in the timeout too, which 4 s
+# did not always on a loaded machine (two test workers beside each other); the other actor samples the rest alone for
+# longer than that in async mode, so the timeout still comes first.
 @pytest.mark.slow
-@pytest.mark.parametrize("mode, total, timeout", [("sync", 2560, 8), ("async", 6400, 4)])
+@pytest.mark.parametrize("mode, total, timeout", [("sync", 2560, 8), ("async", 6400, 8)])
 def test_an_env_that_hangs_once_gets_its_actor_restarted_and_the_run_does_every_step(
     tmp_path, own, mode, total, timeout
 ):
