@@ -13,6 +13,7 @@ import dataclasses
 import inspect
 import os
 import sys
+import typing
 import warnings
 from dataclasses import dataclass, field
 
@@ -193,7 +194,16 @@ RUN_LENGTH_FLAGS = {
     "guard_patience",
     "num_seeds",  # --resume resumes every seed of a --num-seeds run; --num-seeds 1 only the one named
 }
-COMPUTED_FLAGS = {"batch_size", "minibatch_size", "num_iterations", "num_envs"}
+COMPUTED_FLAGS = {"batch_size", "minibatch_size", "num_iterations"}
+
+
+def computed_flags(args_type: type) -> set[str]:
+    """The fields a script computes from its flags: COMPUTED_FLAGS, and those it keeps off its command line
+    (tyro.conf.Suppress: dppo_ray's num_envs, its actors times their envs). ppo_continuous.py's num_envs is a flag."""
+    hints = typing.get_type_hints(args_type, include_extras=True)
+    suppress = typing.get_args(tyro.conf.Suppress[int])[1:]
+    hidden = {name for name, hint in hints.items() if any(marker in suppress for marker in typing.get_args(hint)[1:])}
+    return COMPUTED_FLAGS | hidden
 
 
 def resumed_args(args_type: type, args, machine_flags: set[str]):
@@ -212,7 +222,7 @@ def resumed_args(args_type: type, args, machine_flags: set[str]):
             f"{args.resume}"
         )
     args = tyro.cli(args_type, default=args_type(**{k: v for k, v in saved.items() if k not in machine_flags}))
-    for name in sorted(names & set(saved) - machine_flags - RUN_LENGTH_FLAGS - COMPUTED_FLAGS):
+    for name in sorted(names & set(saved) - machine_flags - RUN_LENGTH_FLAGS - computed_flags(args_type)):
         if getattr(args, name) != saved[name]:
             if name == "env_id":
                 raise UsageError(f"--resume {args.resume} was trained on {saved[name]}, not --env-id {args.env_id}")

@@ -596,7 +596,7 @@ def trainer_fields(impls: list[str]) -> dict[str, dict[str, type]]:
         module = importlib.import_module(COMMANDS[impl][0].removesuffix(".py"))
         hints = typing.get_type_hints(module.Args, include_extras=False)
         # the computed fields (batch size and the like) are no flags: the script sets them from the others
-        computed = checkpoints.COMPUTED_FLAGS
+        computed = checkpoints.computed_flags(module.Args)
         fields[impl] = {
             f.name.replace("_", "-"): hints[f.name] for f in dataclasses.fields(module.Args) if f.name not in computed
         }

@@ -156,7 +156,9 @@ def test_resume_takes_the_runs_flags_from_the_checkpoint(tmp_path, script):
     ckpt = str(tmp_path / "runs" / "r" / "checkpoint.pt")
     # A flag that contradicts the checkpoint is refused, naming it; nothing is touched.
     before = file_states(tmp_path / "runs" / "r")
-    for flag, value in [("--learning-rate", "1e-3"), ("--num-steps", "64"), ("--no-norm-obs", None)]:
+    # (ppo's --num-envs is a flag of the run's shape; dppo refuses it anyway, as its actors' product)
+    shape = ("--num-envs", "3") if script == "ppo_continuous.py" else ("--num-actors", "3")
+    for flag, value in [("--learning-rate", "1e-3"), ("--num-steps", "64"), ("--no-norm-obs", None), shape]:
         bad = run(script, ["--resume", ckpt, "--total-timesteps", "1024", flag, *([value] if value else [])], tmp_path)
         assert bad.returncode == 2, bad.stderr
         lines = bad.stderr.strip().splitlines()
