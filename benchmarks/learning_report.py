@@ -98,10 +98,9 @@ def run_entries(folder: str) -> list[dict]:
     return [record, *record.get("resumes", [])]
 
 
-def run_codes(folder: str) -> list[str]:
-    """The code's SHA-256 (12 characters) that trained the run in `folder`, from its run.json: the first run's, then
-    each resume's; ["unrecorded"] for a run without one."""
-    entries = run_entries(folder)
+def run_codes(entries: list[dict]) -> list[str]:
+    """The code's SHA-256 (12 characters) that trained a run, from its run.json entries (run_entries): the first run's,
+    then each resume's; ["unrecorded"] for a run without one."""
     return list(dict.fromkeys(e["code"]["scripts_sha256"][:12] for e in entries)) if entries else ["unrecorded"]
 
 
@@ -143,12 +142,13 @@ def summarize_runs(cfg: argparse.Namespace) -> tuple[dict, list[dict]]:
         if not found:
             continue
         runs = [curve for _, curve in found]
-        codes = list(dict.fromkeys(code for folder, _ in found for code in run_codes(folder)))
+        records = [run_entries(folder) for folder, _ in found]  # each run.json read once
+        codes = list(dict.fromkeys(code for entries in records for code in run_codes(entries)))
         curves[env_id, impl] = runs
         target = cfg.target if cfg.target is not None else TARGETS.get(env_id)
         rows.append(summary_row(env_id, impl, runs, target, codes))
-        rows[-1]["entries"] = [entry for folder, _ in found for entry in run_entries(folder)]
-        rows[-1]["unrecorded"] = sum(not run_entries(folder) for folder, _ in found)
+        rows[-1]["entries"] = [entry for entries in records for entry in entries]
+        rows[-1]["unrecorded"] = sum(not entries for entries in records)
     return curves, rows
 
 

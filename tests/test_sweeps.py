@@ -12,13 +12,12 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, run_python, start_python, wait_until_trained
+from tests.conftest import REPO, OwnProcesses, run_python, start_python, wait_until_trained
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -46,38 +45,25 @@ def start_learning(tmp_path: Path, address: str, *extra: str) -> subprocess.Pope
 
 
 def trainers_running(marker: str, cluster) -> list[int]:
-    """Pids of the trainer processes of this test's `cluster` whose command line holds `marker`: its nodes carry the
-    cluster's tag in their environment and pass it to every worker and trainer, so another test's sweep (the same
-    flags, beside it) is not counted."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                command = f.read().decode(errors="replace")
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                tagged = f"{CLUSTER_TAG}={cluster.tag}".encode() in f.read().split(b"\0")
-        except OSError:
-            continue
-        if "ppo_continuous.py" in command and marker in command and tagged:
-            pids.append(int(entry))
-    return pids
+    """Pids of the trainer processes of this test's `cluster` (tagged_cluster) whose command line holds `marker`:
+    another test's sweep with the same flags, beside it, carries another tag and is not counted."""
+    return [pid for pid, command in cluster.own.alive().items() if "ppo_continuous.py" in command and marker in command]
 
 
 def run_folders(tmp_path: Path, runs: str = "runs") -> list[Path]:
     return [tmp_path / runs / "bench" / label / f"Pendulum-v1__{seed}" for label in LABELS for seed in (1, 2)]
 
 
-CLUSTER_TAG = "PPO_TESTS_CLUSTER"
-
-
 def tagged_cluster(monkeypatch, head_cpus: int):
-    """A ray.cluster_utils.Cluster on this machine whose processes carry a tag of their own in their environment."""
+    """A ray.cluster_utils.Cluster on this machine whose processes carry a tag of their own in their environment
+    (`cluster.own`, an OwnProcesses: the nodes start from this process and inherit it, and their workers too)."""
     from ray.cluster_utils import Cluster
 
-    tag = uuid.uuid4().hex
-    monkeypatch.setenv(CLUSTER_TAG, tag)  # the nodes start from this process and inherit it; their workers too
+    own = OwnProcesses()
+    for name, value in own.env().items():
+        monkeypatch.setenv(name, value)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": head_cpus})
-    cluster.tag = tag
+    cluster.own = own
     return cluster
 
 
