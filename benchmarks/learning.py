@@ -203,8 +203,7 @@ def run_difference(folder: str, expected: list[str], environment: dict) -> str |
     values), continued only by resumes that changed no flag, trained by the code now in every module it imported (the
     repository's, a custom env's) and on `environment`'s Python and packages (expected_environment); else what differs
     first, in words."""
-    sys.path.insert(0, REPO)
-    from run_management import file_sha256
+    from run_management import file_sha256  # the repository is on the path: common.py put it there
 
     path = os.path.join(folder, "run.json")
     if not os.path.isfile(path):
