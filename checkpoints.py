@@ -182,6 +182,7 @@ MACHINE_FLAGS = {
     "cuda",
     "fast_path",
     "compile",
+    "seed_processes",
 }
 RUN_LENGTH_FLAGS = {
     "total_timesteps",

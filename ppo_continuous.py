@@ -18,18 +18,12 @@ makes a run safe to interrupt, resume and compare.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import math
-import multiprocessing
 import os
-import queue
-import signal
 import sys
-import threading
-import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import gymnasium as gym
 import numpy as np
@@ -39,10 +33,10 @@ from torch.distributions import Distribution, Independent, Normal
 
 import checkpoints
 import gae
+import many_seeds
 from checkpoints import (
     RunState,
     UsageError,
-    load_checkpoint,
     restore_training,
     resume_checkpoint,
     save_atomic,
@@ -50,10 +44,8 @@ from checkpoints import (
     unwrapped,
 )
 from fast_paths import (
-    DoesNotFit,
     FastPaths,
     NumpyActor,
-    StackedNumpyActor,
     acting_blockers,
     audit_acting,
     check_acting,
@@ -63,7 +55,6 @@ from fast_paths import (
 )
 from run_management import (
     PROG,
-    BadBatchError,
     Monitor,
     TrainingLoop,
     cli,
@@ -179,13 +170,15 @@ class Args:
     batch of which under half is usable)"""
     fast_path: bool = True
     """act with the numpy mirror of the actor where it matches TorchActor (checked at start-up and on every rollout)
-    and compile the gradient (--compile); --no-fast-path acts with torch and trains with loss.backward()"""
+    and compile the gradient (--compile); --no-fast-path acts with torch and trains with the eager gradient"""
     compile: bool = True
     """compile the minibatch's loss and gradient with torch.compile (cached on disk; eager where it cannot, with one
-    line); --no-compile: loss.backward(), the same gradient without the compile's start-up"""
+    line); --no-compile: the same gradient function run eagerly, without the compile's start-up"""
     num_seeds: int = 1
-    """train this many seeds (--seed, --seed + 1, ...) in this one process, each as its single run would (its own
-    envs, statistics, optimizer and run folder: runs/<run-name>__<seed>), their gradients computed together"""
+    """train this many seeds (--seed, --seed + 1, ...) in this one process (many_seeds.py), each running this file's
+    training loop as its single run would (its own envs, random streams, optimizer, folder runs/<run-name>__<seed>)"""
+    seed_processes: int = 0
+    """with --num-seeds: the processes that step the seeds' envs (0: one per core, at most one per seed)"""
 
     # to be filled in runtime
     batch_size: int = 0
@@ -200,6 +193,8 @@ def validate_args(args: Args, batch_shape: str | None = None) -> None:
     positive = ["total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"]
     positive += ["guard_patience", "torch_threads", "learning_rate", "clip_coef", "obs_clip", "reward_clip"]
     require_positive(args, [*positive, "guard_max_abs", "num_seeds"])
+    if args.seed_processes < 0:
+        raise UsageError(f"--seed-processes must be >= 0, got {args.seed_processes}")
     if args.upload_model:
         raise UsageError(
             "--upload-model (CleanRL's upload to the Hugging Face Hub) is not supported here: save the model with "
@@ -207,8 +202,6 @@ def validate_args(args: Args, batch_shape: str | None = None) -> None:
         )
     if args.capture_video:
         require_moviepy()
-    if args.num_seeds > 1 and args.track:
-        raise UsageError("--track and --num-seeds do not fit together: track each seed as a run of its own")
     if not 0 < args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         raise UsageError(f"--gamma must be in (0, 1] and --gae-lambda in [0, 1], got {args.gamma}, {args.gae_lambda}")
     if args.target_kl is not None and not args.target_kl > 0:
@@ -455,23 +448,53 @@ class Sampler:
         return gae.finite_moments(np.concatenate(seen))
 
     def rollout(self, num_steps: int) -> dict[str, np.ndarray]:
-        """One rollout (rollouts_together, for this sampler alone)."""
-        (rollout,) = rollouts_together([self], num_steps)
-        if isinstance(rollout, Exception):
-            raise rollout
+        """One rollout with the latest policy. A numpy actor is audited on the observations and noise it acted with
+        (audit_acting): where it acted otherwise than TorchActor, the rollout is discarded (its steps and episodes
+        still count) and sampled again acting with torch, for PPO's ratio must be anchored to the policy that
+        acted."""
+        rollout = self.sample(num_steps)
+        if rollout["acting_problem"]:
+            rollout = self.sample_again(rollout, num_steps)
         return rollout
+
+    def sample_again(self, discarded: dict, num_steps: int) -> dict[str, np.ndarray]:
+        """A rollout acting with torch, in place of `discarded` (whose steps, episodes and audit it carries)."""
+        self.policy = self.make_actor(False)
+        again = self.sample(num_steps)
+        again["env_steps"] += discarded["env_steps"]
+        for key in ("episode_returns", "episode_lengths"):
+            again[key] = np.concatenate([discarded[key], again[key]])
+        return again | {key: discarded[key] for key in ("acting_audit", "acting_problem")}
 
     def sample(self, num_steps: int) -> dict[str, np.ndarray]:
-        """One rollout, unaudited (sample_together, for this sampler alone)."""
-        (rollout,) = sample_together([self], num_steps)
-        if isinstance(rollout, Exception):
-            raise rollout
-        return rollout
+        """One rollout, unaudited. The loop does only what the next env step needs; the rest is done on whole arrays
+        after it (finish_sample). (Work done right after an env's wait costs several times more CPU than the same
+        work in a tight loop: caches are cold.)"""
+        num_envs, obs_dim = self.raw_obs.shape
+        obs = np.zeros((num_steps, num_envs, obs_dim), np.float32)
+        raw_obs = np.zeros((num_steps + 1, num_envs, obs_dim))
+        raw_obs[0] = self.raw_obs  # the envs write each step's successor into the next row
+        actions = np.zeros((num_steps, num_envs, *self.action_space.shape), np.float32)
+        rewards = np.zeros((num_steps, num_envs))
+        terminations = np.zeros((num_steps, num_envs), bool)
+        truncations = np.zeros((num_steps, num_envs), bool)
+        noise = self.draw_noise((num_steps, num_envs))
+        finals = []  # (step, env, last observation) of each episode a time limit cut
+        for step in range(num_steps):
+            # A non-finite observation is acted on as zeros; after the loop its stored row becomes NaN, for the guard.
+            acting_obs = self.normalize(raw_obs[step], out=obs[step], fill=0.0)
+            actions[step] = self.policy.act(acting_obs, noise[step])
+            rows = (raw_obs[step + 1], rewards[step], terminations[step], truncations[step])
+            *_, final = step_envs(self.envs, self.env_action(actions[step]), rows)
+            for i, last_obs in final.items():
+                if truncations[step, i] and not terminations[step, i]:
+                    finals.append((step, i, last_obs))
+        return self.finish_sample(obs, raw_obs, actions, rewards, terminations, truncations, noise, finals)
 
     def finish_sample(self, obs, raw_obs, actions, rewards, terminations, truncations, noise, finals) -> dict:
-        """The rollout's arrays as sample_together's loop left them (this sampler's rows), and what follows from them
-        on whole arrays: log-probabilities, the acting audit, NaN rows for the guard, finished episodes, discounted
-        returns, the observations' moments. `finals`: (step, env, last observation) of each truncated episode."""
+        """The rollout's arrays as the loop left them, and what follows from them on whole arrays: log-probabilities,
+        the acting audit, NaN rows for the guard, finished episodes, discounted returns, the observations' moments.
+        `finals`: (step, env, last observation) of each truncated episode."""
         num_steps, obs_dim = len(obs), obs.shape[-1]
         logprobs = self.policy.log_prob(obs, actions, noise).astype(np.float32)
         audit, problem = np.nan, None
@@ -521,105 +544,6 @@ class Sampler:
     def close(self) -> None:
         for env in self.envs:
             env.close()
-
-
-def rollouts_together(samplers: list[Sampler], num_steps: int) -> list[dict | Exception]:
-    """One rollout of each sampler (sample_together). A numpy actor is audited on the observations and noise it acted
-    with (audit_acting): where it acted otherwise than TorchActor, its rollout is discarded (its steps and episodes
-    still count) and sampled again acting with torch, for PPO's ratio must be anchored to the policy that acted."""
-    rollouts = sample_together(samplers, num_steps)
-    for k, (sampler, rollout) in enumerate(zip(samplers, rollouts)):
-        if isinstance(rollout, Exception) or not rollout["acting_problem"]:
-            continue
-        sampler.policy = sampler.make_actor(False)
-        (again,) = sample_together([sampler], num_steps)
-        if not isinstance(again, Exception):
-            again["env_steps"] += rollout["env_steps"]
-            for key in ("episode_returns", "episode_lengths"):
-                again[key] = np.concatenate([rollout[key], again[key]])
-            again |= {key: rollout[key] for key in ("acting_audit", "acting_problem")}
-        rollouts[k] = again
-    return rollouts
-
-
-def sample_together(samplers: list[Sampler], num_steps: int) -> list[dict | Exception]:
-    """One rollout of each sampler, their envs stepped in lockstep: a single run has one sampler, a --num-seeds
-    sampler process its seeds', who act in one call (acting_together). Each sampler's envs step apart, so a sampler
-    whose env raises gets the exception as its result and the others go on.
-
-    The loop does only what the next env step needs; the rest is done on whole arrays after it (finish_sample). (Work
-    done right after an env's wait costs several times more CPU than the same work in a tight loop: caches are cold.)"""
-    first = samplers[0]
-    group, num_envs, obs_dim = len(samplers), len(first.envs), first.raw_obs.shape[1]
-    shape = (num_steps, group, num_envs)
-    obs = np.zeros((*shape, obs_dim), np.float32)
-    raw_obs = np.zeros((num_steps + 1, group, num_envs, obs_dim))
-    raw_obs[0] = [sampler.raw_obs for sampler in samplers]  # the envs write each step's successor into the next row
-    actions = np.zeros((*shape, *first.action_space.shape), np.float32)
-    rewards = np.zeros(shape)
-    terminations = np.zeros(shape, bool)
-    truncations = np.zeros(shape, bool)
-    noise = np.stack([sampler.draw_noise((num_steps, num_envs)) for sampler in samplers], axis=1)
-    mean, std = stacked_statistics(samplers)
-    act = acting_together(samplers)
-    finals: list[list] = [[] for _ in samplers]
-    failed: dict[int, Exception] = {}
-    for step in range(num_steps):
-        # A non-finite observation is acted on as zeros; after the loop its stored row becomes NaN, for the guard.
-        acting_obs = gae.normalize_obs(raw_obs[step], mean, std, first.obs_clip, out=obs[step], fill=0.0)
-        action = act(acting_obs, noise[step])
-        actions[step] = action
-        env_actions = first.env_action(action)
-        for k, sampler in enumerate(samplers):
-            if k in failed:
-                continue
-            rows = (raw_obs[step + 1, k], rewards[step, k], terminations[step, k], truncations[step, k])
-            try:
-                *_, final = step_envs(sampler.envs, env_actions[k], rows)
-            except Exception as e:  # noqa: BLE001 (that sampler's rollout ends here; the caller says it)
-                failed[k] = e
-                continue
-            for i, last_obs in final.items():
-                if truncations[step, k, i] and not terminations[step, k, i]:
-                    finals[k].append((step, i, last_obs))
-        if len(failed) == group:
-            break
-    return [
-        failed[k]
-        if k in failed
-        else sampler.finish_sample(
-            obs[:, k],
-            raw_obs[:, k],
-            actions[:, k],
-            rewards[:, k],
-            terminations[:, k],
-            truncations[:, k],
-            noise[:, k],
-            finals[k],
-        )
-        for k, sampler in enumerate(samplers)
-    ]
-
-
-def stacked_statistics(samplers: list[Sampler]) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """Each sampler's observation mean and std, stacked to broadcast over (samplers, envs, obs_dim) (None, None
-    without --norm-obs)."""
-    if samplers[0].obs_mean is None:
-        return None, None
-    mean = np.stack([sampler.obs_mean for sampler in samplers])[:, None, :]
-    return mean, np.stack([sampler.obs_std for sampler in samplers])[:, None, :]
-
-
-def acting_together(samplers: list[Sampler]):
-    """The samplers' actions for observations (samplers, envs, obs_dim) and noise of the same leading shape: several
-    seeds' numpy actors as one stacked forward (StackedNumpyActor) where they stack, else each sampler's own actor."""
-    policies = [sampler.policy for sampler in samplers]
-    if len(policies) == 1:
-        return lambda obs, noise: policies[0].act(obs[0], noise[0])[None]
-    if all(isinstance(policy, NumpyActor) for policy in policies):
-        with contextlib.suppress(DoesNotFit):
-            return StackedNumpyActor([sampler.agent for sampler in samplers], policies).act
-    return lambda obs, noise: np.stack([policy.act(o, z) for policy, o, z in zip(policies, obs, noise)])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -675,11 +599,11 @@ def start_fast_paths(learner: Learner, args: Args, numpy_acting: bool = True) ->
     if compile_problem is None:
         compile_problem = compile_blockers(agent)
         if compile_problem is not None:
-            say(f"compiled gradient off: {compile_problem}; training with loss.backward()")
+            say(f"compiled gradient off: {compile_problem}; training with the eager gradient")
     if compile_problem is None:
-        fast.compiled = compiled_gradients(agent, fast)
-    compiled = "torch.compile of torch.func.grad through Agent and gae.ppo_loss"
-    fast.used["gradient"] = compiled if fast.compiled else f"loss.backward() ({compile_problem})"
+        fast.compiled = compiled_gradient(agent, fast)
+    compiled = "torch.compile of clipped_gradient (autograd through Agent and gae.ppo_loss)"
+    fast.used["gradient"] = compiled if fast.compiled else f"eager clipped_gradient ({compile_problem})"
     fast.used["optimizer step"] = f"{type(learner.optimizer).__module__}.{type(learner.optimizer).__name__}.step()"
     learner.fast = fast
     dropped = agent_attributes(agent)[1]
@@ -814,55 +738,49 @@ def clip_gradients(grads: list[torch.Tensor], max_norm: float) -> tuple[list[tor
     return [g * scale for g in grads], norm
 
 
-def backward(agent: Agent, minibatch: dict, loss_kwargs: dict, max_grad_norm: float):
-    """The minibatch's loss and its gradient by loss.backward() through the live Agent, clipped, left in every
-    parameter's .grad; returns the loss's statistics and the gradient's norm before clipping."""
+def clipped_gradient(agent: Agent, params: list[torch.Tensor], minibatch: dict, loss_kwargs: dict, max_grad_norm):
+    """The one gradient function: autograd's gradient of the minibatch's loss with respect to `params` (what the
+    optimizer trains), clipped by its global norm. None for a tensor the loss does not reach (detached, under no_grad,
+    unused), as loss.backward() leaves its .grad, so that the optimizer leaves it alone. Run as it is (--no-compile)
+    or compiled by torch.compile (compiled_gradient); returns the gradients, the loss's statistics and the norm
+    before clipping."""
     stats = minibatch_loss(agent, minibatch, loss_kwargs)
-    agent.zero_grad()
-    stats.loss.backward()
-    params = [p for p in agent.parameters() if p.grad is not None]
-    clipped, norm = clip_gradients([p.grad for p in params], max_grad_norm)
-    for param, grad in zip(params, clipped):
+    grads = torch.autograd.grad(stats.loss, params, allow_unused=True)
+    clipped, norm = clip_gradients([g for g in grads if g is not None], max_grad_norm)
+    reached = iter(clipped)
+    grads = [None if g is None else next(reached) for g in grads]
+    return grads, {key: value.detach() for key, value in stats._asdict().items() if torch.is_tensor(value)}, norm
+
+
+def trained_tensors(optimizer: optim.Optimizer) -> list[torch.Tensor]:
+    """What the optimizer trains: every tensor it holds that requires a gradient (a frozen layer does not)."""
+    return [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+
+
+def gradient_step(gradient, learner: Learner, minibatch: dict, loss_kwargs: dict, max_grad_norm: float):
+    """`gradient` (clipped_gradient or its compiled graph) of the minibatch, left in the .grad of every tensor the
+    optimizer holds (None where the loss does not reach it); returns the loss's statistics and the gradient's norm."""
+    params = trained_tensors(learner.optimizer)
+    learner.optimizer.zero_grad()
+    grads, fields, norm = gradient(learner.agent, params, minibatch, loss_kwargs, max_grad_norm)
+    for param, grad in zip(params, grads):
         param.grad = grad
-    return stats, norm
+    return gae.PPOLoss(**fields, clip_coef=loss_kwargs["clip_coef"]), norm
 
 
-class LossModule(nn.Module):
-    """minibatch_loss as a module around the Agent, so that torch.func.functional_call runs it with the parameters
-    passed in (its outputs: the loss and PPOLoss's tensor fields, which torch.func's aux must be)."""
-
-    def __init__(self, agent: Agent):
-        super().__init__()
-        self.agent = agent
-
-    def forward(self, minibatch: dict, loss_kwargs: dict) -> tuple[torch.Tensor, dict]:
-        stats = minibatch_loss(self.agent, minibatch, loss_kwargs)
-        return stats.loss, {key: value for key, value in stats._asdict().items() if isinstance(value, torch.Tensor)}
-
-
-def clipped_gradient(loss_module: LossModule, params: dict, minibatch: dict, loss_kwargs: dict, max_grad_norm: float):
-    """torch.func.grad of minibatch_loss with respect to the Agent's parameters `params`, clipped: the clipped
-    gradients, PPOLoss's tensor fields and the norm before clipping. What compiled_gradients compiles, and what
-    compiled_seed_gradients maps over seeds."""
-
-    # The loss settings stay outside torch.func's arguments, where torch.compile would specialize on each value (an
-    # annealed entropy coefficient would recompile every iteration)
-    def loss_of(params: dict) -> tuple[torch.Tensor, dict]:
-        return torch.func.functional_call(loss_module, params, (minibatch, loss_kwargs))
-
-    grads, fields = torch.func.grad(loss_of, has_aux=True)(params)
-    clipped, norm = clip_gradients(list(grads.values()), max_grad_norm)
-    return clipped, fields, norm
+eager_gradient = functools.partial(gradient_step, clipped_gradient)
 
 
 def compile_for(function, agent: Agent):
-    """torch.compile of `function` into one graph, for the device the Agent is on."""
+    """torch.compile of `function` into one graph (autograd's gradient included), for the device the Agent is on."""
+    import torch._dynamo.config
+    import torch._inductor.config
+
+    torch._dynamo.config.trace_autograd_ops = True  # torch.autograd.grad inside the graph
     if os.environ.get("TORCHINDUCTOR_VEC_ISA_OK") is None:
         # inductor checks each vector ISA the CPU's flags list by building and loading a test library in a child
         # process, at every start of a process, which costs more than loading the cached graph; a build or load that
-        # fails still ends in the caller's line and loss.backward()
-        import torch._inductor.config
-
+        # fails still ends in the caller's line and the eager gradient
         torch._inductor.config.cpp.vec_isa_ok = True
     # On the CPU the graph's kernels are called from generated C++ rather than a Python wrapper (per call that is most
     # of the graph's overhead at a minibatch of 64); elsewhere inductor's default wrapper.
@@ -870,82 +788,36 @@ def compile_for(function, agent: Agent):
     return torch.compile(function, fullgraph=True, options={"cpp_wrapper": on_cpu})
 
 
-def compiled_gradients(agent: Agent, fast: FastPaths):
-    """`backward`, compiled: the same loss, gradient and clip (clipped_gradient), traced by torch.compile into one
-    graph, far fewer ops than autograd's per-op dispatch. Returns a function like `backward`; if compiling fails (no
-    C++ compiler for inductor, code it cannot trace) `fast` records why, with one line, and it trains with `backward`
-    from then on."""
-    compiled = compile_for(functools.partial(clipped_gradient, LossModule(agent)), agent)
-    looked_up = {"iteration": None, "params": {}}  # the Agent's parameters, looked up once per update
+def compiled_gradient(agent: Agent, fast: FastPaths):
+    """eager_gradient with clipped_gradient compiled into one graph: the same code, far fewer ops than autograd's
+    per-op dispatch. If compiling fails (no C++ compiler for inductor, code it cannot trace) `fast` records why, with
+    one line, and the run trains with eager_gradient from then on."""
+    compiled = compile_for(clipped_gradient, agent)
 
-    def gradients(agent: Agent, minibatch: dict, loss_kwargs: dict, max_grad_norm: float):
+    def gradient(learner: Learner, minibatch: dict, loss_kwargs: dict, max_grad_norm: float):
         if fast.compiled is None:
-            return backward(agent, minibatch, loss_kwargs, max_grad_norm)
-        if looked_up["iteration"] != fast.iteration:
-            looked_up.update(iteration=fast.iteration, params=dict(agent.named_parameters(prefix="agent")))
-        params = looked_up["params"]
+            return eager_gradient(learner, minibatch, loss_kwargs, max_grad_norm)
         try:
-            clipped, fields, norm = compiled(
-                {name: p.detach() for name, p in params.items()}, minibatch, loss_kwargs, max_grad_norm
-            )
+            return gradient_step(compiled, learner, minibatch, loss_kwargs, max_grad_norm)
         except Exception as e:  # noqa: BLE001 (the eager gradient is the same; an error of the user's code recurs there)
             fast.compiled = None
-            fast.step_aside("gradient", fast.iteration, f"torch.compile failed ({failure(e)})", "loss.backward()")
-            return backward(agent, minibatch, loss_kwargs, max_grad_norm)
-        for param, grad in zip(params.values(), clipped):
-            param.grad = grad
-        return gae.PPOLoss(**fields, clip_coef=loss_kwargs["clip_coef"]), norm
+            fast.step_aside("gradient", fast.iteration, f"torch.compile failed ({failure(e)})", "eager")
+            return eager_gradient(learner, minibatch, loss_kwargs, max_grad_norm)
 
-    return gradients
+    return gradient
 
 
-def compiled_seed_gradients(agents: list[Agent]):
-    """clipped_gradient mapped over seeds with torch.func.vmap and compiled into one graph: every seed's gradient of
-    its own minibatch through its own parameters (the Agents' parameters stacked), each clipped by its own norm. The
-    returned function leaves each seed's clipped gradient in its Agent's .grad and returns each seed's (PPOLoss,
-    norm); it raises what compiling or vmap raised (the caller then updates the seeds one after another)."""
-    loss_module = LossModule(agents[0])  # the code that runs; every seed's parameters are passed in
-
-    def stacked_gradient(params: dict, minibatches: dict, loss_kwargs: dict, max_grad_norm: float):
-        def one_seed(params: dict, minibatch: dict):
-            return clipped_gradient(loss_module, params, minibatch, loss_kwargs, max_grad_norm)
-
-        return torch.func.vmap(one_seed)(params, minibatches)
-
-    compiled = compile_for(stacked_gradient, agents[0])
-    looked_up = {"key": None, "params": []}  # each seed's parameters, looked up once per update
-
-    def gradients(agents: list[Agent], minibatches: list[dict], loss_kwargs: dict, max_grad_norm: float, key):
-        if looked_up["key"] != key:
-            looked_up.update(key=key, params=[list(agent.named_parameters(prefix="agent")) for agent in agents])
-        per_seed = looked_up["params"]
-        names = [name for name, _ in per_seed[0]]
-        params = {name: torch.stack([seed[i][1].detach() for seed in per_seed]) for i, name in enumerate(names)}
-        stacked = {key: torch.stack([minibatch[key] for minibatch in minibatches]) for key in minibatches[0]}
-        clipped, fields, norms = compiled(params, stacked, loss_kwargs, max_grad_norm)
-        seed_grads = zip(*[grad.unbind() for grad in clipped])  # each seed's gradients, views of the stacked ones
-        seed_fields = zip(*[value.unbind() for value in fields.values()])
-        results = []
-        for seed, grads, values, norm in zip(per_seed, seed_grads, seed_fields, norms.unbind()):
-            for (_, param), grad in zip(seed, grads):
-                param.grad = grad
-            results.append((gae.PPOLoss(**dict(zip(fields, values)), clip_coef=loss_kwargs["clip_coef"]), norm))
-        return results
-
-    return gradients
-
-
-def update_gradients(learner: Learner, iteration: int):
+def update_gradient(learner: Learner, iteration: int):
     """This update's gradient function: the compiled one while nothing in the Agent stops it (checked before every
-    update, so a hook registered during the run counts from the next), else `backward`."""
+    update, so a hook registered during the run counts from the next), else eager_gradient."""
     fast = learner.fast
     fast.iteration = iteration
     if fast.compiled is not None:
         problem = compile_blockers(unwrapped(learner.agent))
         if problem is not None:
             fast.compiled = None
-            fast.step_aside("gradient", iteration, problem, "loss.backward()")
-    return fast.compiled or backward
+            fast.step_aside("gradient", iteration, problem, "eager")
+    return fast.compiled or eager_gradient
 
 
 def epoch_minibatches(batch: dict, args: Args) -> list[dict]:
@@ -993,17 +865,17 @@ def too_few_samples(batch: dict) -> str | None:
 
 def ppo_update(learner: Learner, batch: dict, args: Args, loss_kwargs: dict, iteration: int) -> tuple[dict, str | None]:
     """--update-epochs passes over shuffled minibatches of the samples the guard kept: the gradient of each
-    (autograd's, compiled or by loss.backward()) clipped by its global norm, then the optimizer's own step. Returns the
+    (autograd's, compiled or eager) clipped by its global norm, then the optimizer's own step. Returns the
     statistics of the last minibatch (as CleanRL logs them) and a problem string when the loss or a gradient went
     non-finite."""
     problem = too_few_samples(batch)
     if problem:
         return {}, problem
-    gradients = update_gradients(learner, iteration)
+    gradient = update_gradient(learner, iteration)
     ratios = []
     for epoch in range(args.update_epochs):
         for minibatch in epoch_minibatches(batch, args):
-            stats, grad_norm = gradients(learner.agent, minibatch, loss_kwargs, args.max_grad_norm)
+            stats, grad_norm = gradient(learner, minibatch, loss_kwargs, args.max_grad_norm)
             problem = guarded_step(learner.optimizer, stats, grad_norm, args, epoch)
             if problem:
                 return {}, problem
@@ -1011,84 +883,6 @@ def ppo_update(learner: Learner, batch: dict, args: Args, loss_kwargs: dict, ite
         if args.target_kl is not None and stats.approx_kl > args.target_kl:
             break
     return update_scalars(stats, ratios, batch, args), None
-
-
-@contextlib.contextmanager
-def seed_random(run):
-    """Run what follows on this seed's own torch random stream (with --num-seeds every seed draws as its single run
-    would: its Agent's initialization, its minibatch shuffles)."""
-    torch.set_rng_state(run.torch_rng)
-    try:
-        yield
-    finally:
-        run.torch_rng = torch.get_rng_state()
-
-
-def update_seeds(runs: list, batches: list[dict], args: Args, loss_kwargs: dict, iteration: int, seed_gradients):
-    """ppo_update for several seeds of one iteration, in lockstep: every seed's own shuffles, gradient, guard, step
-    and early stop, as ppo_update makes them. The gradients of all seeds come from one call of `seed_gradients`
-    (compiled_seed_gradients) where every seed trains with the compiled gradient and has as many usable samples (so
-    that their minibatches stack); otherwise each seed's own gradient function. Returns ppo_update's (statistics,
-    problem) for each seed."""
-    results: list = [None] * len(runs)
-    stack = []  # the seeds this update takes part in; one that stops early stays in the stack, unstepped
-    for k, batch in enumerate(batches):
-        problem = too_few_samples(batch)
-        if problem:
-            results[k] = ({}, problem)
-        else:
-            stack.append(k)
-    own_gradients = {k: update_gradients(runs[k].learner, iteration) for k in stack}
-    together = (
-        seed_gradients is not None
-        and len(stack) > 1
-        and all(own_gradients[k] is runs[k].learner.fast.compiled for k in stack)
-        and len({len(batches[k]["advantages"]) for k in stack}) == 1
-    )
-    stepping = list(stack)
-    ratios: dict[int, list] = {k: [] for k in stack}
-    last: dict[int, gae.PPOLoss] = {}
-    for epoch in range(args.update_epochs):
-        plans = {}
-        for k in stepping:
-            with seed_random(runs[k]):
-                plans[k] = epoch_minibatches(batches[k], args)
-        for i in range(len(plans[stepping[0]]) if stepping else 0):
-            outs = None
-            if together:
-                filler = plans[stepping[0]][i]  # what a seed that stopped computes, unused: its parameters stay
-                minibatches = [plans[k][i] if k in plans else filler for k in stack]
-                agents = [runs[k].learner.agent for k in stack]
-                try:
-                    key = (iteration, tuple(stack))
-                    outs = dict(zip(stack, seed_gradients(agents, minibatches, loss_kwargs, args.max_grad_norm, key)))
-                except Exception as e:  # noqa: BLE001 (each seed's own gradient is the same)
-                    together = seed_gradients = None
-                    say(
-                        f"seeds updated one after another from iteration {iteration}: vmap of the gradient failed "
-                        f"({failure(e)})"
-                    )
-            for k in list(stepping):
-                if outs is None:
-                    stats, grad_norm = own_gradients[k](
-                        runs[k].learner.agent, plans[k][i], loss_kwargs, args.max_grad_norm
-                    )
-                else:
-                    stats, grad_norm = outs[k]
-                problem = guarded_step(runs[k].learner.optimizer, stats, grad_norm, args, epoch)
-                if problem:
-                    results[k] = ({}, problem)
-                    stepping.remove(k)
-                    continue
-                ratios[k].append(stats.ratio.detach())
-                last[k] = stats
-        for k in list(stepping):
-            if args.target_kl is not None and last[k].approx_kl > args.target_kl:
-                stepping.remove(k)
-    for k in stack:
-        if results[k] is None:
-            results[k] = (update_scalars(last[k], ratios[k], batches[k], args), None)
-    return results, seed_gradients
 
 
 def load_policy(path: str) -> checkpoints.Policy:
@@ -1100,9 +894,9 @@ def load_policy(path: str) -> checkpoints.Policy:
 # Training: the algorithm box
 # ---------------------------------------------------------------------------------------------------------------------
 @dataclass
-class SeedRun:
-    """One seed's run: its flags, folder, envs, learner, counters, files and (with --num-seeds) its own torch random
-    stream, swapped in for its draws as its single run would make them."""
+class Run:
+    """A run: its flags, folder, envs, learner, counters and files. `checkpoint_extra`: what a layer above adds to
+    each checkpoint (many_seeds.py: every seed's checkpoint, for --resume)."""
 
     args: Args
     run_dir: str
@@ -1110,9 +904,7 @@ class SeedRun:
     learner: Learner
     state: RunState
     monitor: Monitor
-    torch_rng: torch.Tensor | None = None
-    status: str = "running"
-    seed_runs: list = field(default_factory=list)  # with --num-seeds: every seed's checkpoint, for --resume
+    checkpoint_extra: dict = field(default_factory=dict)
 
 
 def sampler_seed(args: Args, ckpt: dict | None) -> int:
@@ -1120,13 +912,13 @@ def sampler_seed(args: Args, ckpt: dict | None) -> int:
     return args.seed + (int(ckpt["global_step"]) if ckpt else 0)
 
 
-def start_run(args: Args, ckpt: dict | None, device: torch.device, sampler=None) -> SeedRun:
-    """A run's envs (`sampler`: its Sampler, already started in a sampler process), learner (fresh or from its
-    checkpoint), fast paths, run folder and TensorBoard writer."""
+def start_run(args: Args, ckpt: dict | None, device: torch.device, sampler=None, command=None, extra=None) -> Run:
+    """A run's envs (`sampler`: one started elsewhere, in its folder), learner (fresh or from its checkpoint), fast
+    paths, run folder and TensorBoard writer. `command`, `extra`: what run.json records, when not this process's."""
     if sampler is None:  # a bad env fails here
         run_dir = run_folder(args)
         sampler = Sampler(args.env_id, args.num_envs, sampler_seed(args, ckpt), args, os.path.join(run_dir, "videos"))
-    else:  # its folder was claimed (run_folder) before the sampler process started writing videos into it
+    else:  # its folder was claimed (run_folder) before the sampler started writing videos into it
         run_dir = os.path.join("runs", args.run_name)
     learner = make_learner(args, Agent(*sampler.spaces), device)
     learner.agent.obs_layout = sampler.obs_layout
@@ -1138,43 +930,18 @@ def start_run(args: Args, ckpt: dict | None, device: torch.device, sampler=None)
     elif args.norm_obs and args.obs_warmup_steps:
         learner.obs_rms.update_from_moments(*sampler.warm_up(args.obs_warmup_steps))
     start_fast_paths(learner, args)
-    command = extra = None
-    if args.num_seeds > 1:  # the command of this seed's single run, which it trains as; the real one beside it
-        command, extra = single_run_command(args), {"launched_by": [PROG, *sys.argv[1:]]}
     writer = tensorboard_writer(args, run_dir, state.global_step if args.resume else None, command, extra)
     monitor = Monitor(args, writer, state, sampler.spaces[1], learner.fast)
-    return SeedRun(args, run_dir, sampler, learner, state, monitor)
+    return Run(args, run_dir, sampler, learner, state, monitor)
 
 
-def single_run_command(args: Args) -> list[str]:
-    """With --num-seeds: the command line of this seed's single run (this process's flags, less --num-seeds, with the
-    seed's own --seed, --run-name and --resume), which its run.json records so that a sweep compares it as that run."""
-    own = {"--num-seeds", "--seed", "--run-name", "--resume"}
-    flags, skip = [], False
-    for item in sys.argv[1:]:
-        if skip:
-            skip = False
-            continue
-        name = item.partition("=")[0]
-        if name in own:
-            skip = "=" not in item  # its value is the next item
-            continue
-        flags.append(item)
-    flags += [f"--seed={args.seed}", f"--run-name={args.run_name}"]
-    if args.resume:
-        flags.append(f"--resume={args.resume}")
-    return [PROG, *flags]
-
-
-def save_checkpoint(run: SeedRun) -> None:
+def save_checkpoint(run: Run) -> None:
     checkpoint = training_checkpoint(run.learner, run.args, run.state, run.monitor.wall_time())
     checkpoint["sampler_rng"] = run.sampler.rng_state
-    if run.seed_runs:
-        checkpoint["seed_runs"] = run.seed_runs
-    save_atomic(checkpoint, os.path.join(run.run_dir, "checkpoint.pt"))
+    save_atomic(checkpoint | run.checkpoint_extra, os.path.join(run.run_dir, "checkpoint.pt"))
 
 
-def rollout_batch(run: SeedRun, rollout: dict) -> dict:
+def rollout_batch(run: Run, rollout: dict) -> dict:
     """Count a rollout's steps, log its episodes, merge its statistics and return its batch."""
     learner, state, writer = run.learner, run.state, run.monitor.writer
     state.global_step += int(rollout["env_steps"])
@@ -1187,7 +954,7 @@ def rollout_batch(run: SeedRun, rollout: dict) -> dict:
     return prepare_batch(learner, rollout, run.args)
 
 
-def log_update(run: SeedRun, batch: dict, stats: dict, problem: str | None, ent_coef: float) -> None:
+def log_update(run: Run, batch: dict, stats: dict, problem: str | None, ent_coef: float) -> None:
     """After an update: the guard (which raises BadBatchError after --guard-patience bad batches), the scalars, the
     health warnings and the periodic checkpoint."""
     run.state.iteration += 1
@@ -1202,297 +969,38 @@ def log_update(run: SeedRun, batch: dict, stats: dict, problem: str | None, ent_
             save_checkpoint(run)
 
 
+def training_loop(run: Run, loop: TrainingLoop) -> None:
+    """Iterations until --total-timesteps, or until a signal (`loop.signum`) ends the one under way."""
+    args = run.args
+    while run.state.iteration < args.num_iterations and loop.signum is None:
+        iteration = run.state.iteration + 1
+        ent_coef = anneal(run.learner.optimizer, args, iteration)
+        run.sampler.set_policy(policy_weights(run.learner))
+        batch = rollout_batch(run, run.sampler.rollout(args.num_steps))
+        stats, problem = ppo_update(run.learner, batch, args, loss_settings(args, ent_coef), iteration)
+        log_update(run, batch, stats, problem, ent_coef)
+
+
+def end_run(run: Run, status: str, keeps_state: bool) -> int:
+    """The last checkpoint (when the state is whole), the saved model, summary.json and the closing line; 1 when the
+    saved model's evaluation failed, else 0."""
+    if keeps_state:
+        save_checkpoint(run)
+    eval_failed = finish_run(run.monitor, status, run.learner, run.state, sys.modules[__name__])
+    run.sampler.close()
+    return eval_failed
+
+
 def train(args: Args) -> int:
-    if args.num_seeds > 1:
-        return train_seeds(args)
+    if args.num_seeds > 1:  # many_seeds.py runs this file's training loop for every seed
+        return many_seeds.train(sys.modules[__name__], args)
     ckpt = resume_checkpoint(args)
     run = start_run(args, ckpt, seed_everything(args))
     say_rounded_timesteps(args)
     with TrainingLoop(run.run_dir) as loop:
-        while run.state.iteration < args.num_iterations and loop.signum is None:
-            iteration = run.state.iteration + 1
-            ent_coef = anneal(run.learner.optimizer, args, iteration)
-            run.sampler.set_policy(policy_weights(run.learner))
-            batch = rollout_batch(run, run.sampler.rollout(args.num_steps))
-            stats, problem = ppo_update(run.learner, batch, args, loss_settings(args, ent_coef), iteration)
-            log_update(run, batch, stats, problem, ent_coef)
-    if loop.keeps_state:
-        save_checkpoint(run)
-    eval_failed = finish_run(run.monitor, loop.status, run.learner, run.state, sys.modules[__name__])
-    run.sampler.close()
+        training_loop(run, loop)
+    eval_failed = end_run(run, loop.status, loop.keeps_state)
     return loop.exit_status() or eval_failed
-
-
-def seed_runs_to_start(args: Args) -> list[tuple[Args, dict | None]]:
-    """--num-seeds: each seed's flags (seed, seed+1, ...; its own run folder) and, with --resume, its checkpoint (every
-    seed's checkpoint lists them all)."""
-    if not args.resume:
-        stamp = int(time.time())
-        names = [
-            f"{args.run_name}__{args.seed + k}"
-            if args.run_name
-            else f"{args.env_id.replace(':', '_')}__{args.exp_name}__{args.seed + k}__{stamp}"
-            for k in range(args.num_seeds)
-        ]
-        return [(replace(args, seed=args.seed + k, run_name=name), None) for k, name in enumerate(names)]
-    listed = load_checkpoint(args.resume).get("seed_runs", [args.resume])
-    starts = []
-    for path in listed[: args.num_seeds]:
-        if not os.path.exists(path):
-            say(f"{path} is missing (that seed stopped before its first checkpoint): resuming the other seeds")
-            continue
-        seed_args = replace(args, resume=path, run_name=None)
-        ckpt = resume_checkpoint(seed_args)
-        starts.append((replace(seed_args, seed=int(ckpt["args"]["seed"])), ckpt))
-    return starts
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Seeds in one run (--num-seeds): the seeds' samplers in two processes, their updates in this one
-# ---------------------------------------------------------------------------------------------------------------------
-class SamplerFailed(Exception):
-    """A seed's sampler failed (its env raised, or its process died); the message says how, in one line."""
-
-
-def sampler_process(conn, starts: list[tuple[int, Args, int, str]]) -> None:
-    """A sampler process: it builds the Samplers of its seeds ((index, flags, env seed, video folder) each), then
-    serves ("rollouts", None, (weights of each seed by index, num_steps)), ("warm_up", index, steps) and ("rng_state",
-    index, state) in order until ("close", ...) or the end of its pipe. Each answer is (index, result, error line or
-    None, rng state), one per seed. The seeds of one "rollouts" step their envs in lockstep and act in one call
-    (rollouts_together)."""
-    for signum in (signal.SIGINT, signal.SIGTERM):  # the training process's to handle: it stops after the iteration
-        signal.signal(signum, signal.SIG_IGN)  # and closes this process (which exits too when its pipe closes)
-    torch.set_num_threads(starts[0][1].torch_threads)  # as seed_everything sets it: this process has one core to use
-    samplers = {}
-    try:
-        for index, args, seed, video_dir in starts:
-            samplers[index] = Sampler(args.env_id, args.num_envs, seed, args, video_dir)
-    except Exception as e:  # noqa: BLE001 (said by the training process, in one line)
-        conn.send((None, None, str(e) if isinstance(e, UsageError) else failure(e), None))
-        return
-    described = {i: (s.spaces, s.action_space, s.obs_layout, s.rng_state) for i, s in samplers.items()}
-    conn.send((None, described, None, None))
-    # Answers go out from a thread: a rollout is larger than the pipe's buffer, and its send waits until the training
-    # process reads it, which it does only once it is done updating the other seeds; the next rollout must not wait.
-    outbox: queue.Queue = queue.Queue()
-    threading.Thread(target=send_all, args=(conn, outbox), daemon=True).start()
-    while True:
-        try:
-            command, index, payload = conn.recv()
-        except (EOFError, OSError):
-            return
-        if command == "close":
-            return
-        if command == "rollouts":
-            serve_rollouts(samplers, *payload, outbox)
-            continue
-        sampler = samplers[index]
-        try:
-            if command == "warm_up":
-                result = sampler.warm_up(payload)
-            else:
-                sampler.rng_state, result = payload, None
-            outbox.put((index, result, None, sampler.rng_state))
-        except Exception as e:  # noqa: BLE001 (that seed's env failed: it stops, this process serves the others)
-            outbox.put((index, None, failure(e), None))
-
-
-def serve_rollouts(samplers: dict[int, Sampler], weights: dict[int, dict], num_steps: int, outbox: queue.Queue) -> None:
-    """A rollout of each seed in `weights` (its policy's), in lockstep; an answer for each seed, a failure its own."""
-    try:
-        for index, seed_weights in weights.items():
-            samplers[index].set_policy(seed_weights)
-        results = rollouts_together([samplers[index] for index in weights], num_steps)
-    except Exception as e:  # noqa: BLE001 (not an env's: every seed of the call fails with it)
-        results = [e] * len(weights)
-    for index, result in zip(weights, results):
-        if isinstance(result, Exception):
-            outbox.put((index, None, failure(result), None))
-        else:
-            outbox.put((index, result, None, samplers[index].rng_state))
-
-
-def send_all(conn, outbox: queue.Queue) -> None:
-    """Send what comes into `outbox`, in order, until the pipe closes."""
-    try:
-        while True:
-            conn.send(outbox.get())
-    except (BrokenPipeError, OSError):
-        return
-
-
-class SamplerOfProcess:
-    """A seed's Sampler as the training process sees it when it lives in a sampler process: what start_run and the
-    loop use of a Sampler (its spaces, warm_up, the rng state for checkpoints), and a rollout asked for and received
-    apart, so that this process can update other seeds meanwhile."""
-
-    def __init__(self, conn, process, index: int, described: tuple):
-        self.conn, self.process, self.index = conn, process, index
-        self.spaces, self.action_space, self.obs_layout, self.last_rng_state = described
-        self.pending = False
-
-    def ask(self, command: str, payload) -> None:
-        self.conn.send((command, self.index, payload))
-        self.pending = True
-
-    def receive(self):
-        self.pending = False
-        try:
-            index, result, error, rng_state = self.conn.recv()
-        except (EOFError, OSError):
-            raise SamplerFailed(f"its sampler process died (exit code {self.process.exitcode})") from None
-        if error:
-            raise SamplerFailed(f"its env failed ({error})")
-        self.last_rng_state = rng_state
-        return result
-
-    @property
-    def rng_state(self) -> dict:
-        return self.last_rng_state
-
-    @rng_state.setter
-    def rng_state(self, state: dict) -> None:
-        self.ask("rng_state", state)
-        self.receive()
-
-    def warm_up(self, steps: int):
-        self.ask("warm_up", steps)
-        return self.receive()
-
-    def close(self) -> None:
-        """The process is closed with the others (close_sampler_processes)."""
-
-
-def start_sampler_processes(starts: list[tuple[Args, dict | None]]) -> list[SamplerOfProcess]:
-    """The seeds' Samplers in two processes (one for a single seed), seed k in process k % 2: while this process
-    updates one process's seeds, the other process samples."""
-    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no fork of torch's threads
-    count = min(2, len(starts))
-    processes = []
-    for p in range(count):
-        mine = [
-            (k, a, sampler_seed(a, ckpt), os.path.join("runs", a.run_name, "videos"))
-            for k, (a, ckpt) in enumerate(starts)
-            if k % count == p
-        ]
-        here, there = context.Pipe()
-        process = context.Process(target=sampler_process, args=(there, mine), daemon=True)
-        process.start()
-        there.close()
-        processes.append((here, process))
-    samplers = {}
-    for here, process in processes:
-        try:
-            _, described, error, _ = here.recv()
-        except (EOFError, OSError):
-            raise UsageError(f"a sampler process died as it started (exit code {process.exitcode})") from None
-        if error:
-            raise UsageError(error)
-        samplers |= {k: SamplerOfProcess(here, process, k, d) for k, d in described.items()}
-    return [samplers[k] for k in range(len(starts))]
-
-
-def close_sampler_processes(samplers: list[SamplerOfProcess]) -> None:
-    for conn, process in {(s.conn, s.process) for s in samplers}:
-        with contextlib.suppress(BrokenPipeError, OSError):
-            conn.send(("close", None, None))
-        process.join(timeout=5)
-        if process.is_alive():
-            process.kill()
-
-
-def update_and_log(sampled: list[tuple[SeedRun, dict]], args: Args, seed_gradients: dict) -> None:
-    """Update seeds whose rollouts came in (those at the same iteration together, update_seeds) and log each."""
-    by_iteration: dict[int, list] = {}  # seeds resumed from different iterations update apart
-    for run, batch in sampled:
-        by_iteration.setdefault(run.state.iteration + 1, []).append((run, batch))
-    for iteration, pairs in sorted(by_iteration.items()):
-        runs, batches = [run for run, _ in pairs], [batch for _, batch in pairs]
-        ent_coef = [anneal(run.learner.optimizer, args, iteration) for run in runs][0]
-        key = tuple(id(run) for run in runs)
-        together = seed_gradients.get(key)
-        results, together = update_seeds(runs, batches, args, loss_settings(args, ent_coef), iteration, together)
-        seed_gradients[key] = together
-        for run, batch, (stats, problem) in zip(runs, batches, results):
-            try:
-                with seed_random(run):
-                    log_update(run, batch, stats, problem, ent_coef)
-            except BadBatchError as e:
-                run.status = "stopped_by_guard"
-                say(f"error: seed {run.args.seed}: {e}; the last good checkpoint stays in {run.run_dir}")
-
-
-def train_seeds(args: Args) -> int:
-    """--num-seeds N: N seeds in this process, each as its single run would train (its own envs, statistics,
-    optimizer, random streams, guard and files), their updates computed together (update_seeds). The seeds' envs step
-    in two sampler processes, and the seeds of one update while the other's sample. A seed whose env fails, or whose
-    guard stops it, stops alone, with its checkpoint and one line; the exit status then says so."""
-    starts = seed_runs_to_start(args)
-    for seed_args, _ in starts:
-        run_folder(seed_args)  # an existing folder is refused before any process starts
-    samplers = start_sampler_processes(starts)
-    try:
-        return train_seeds_with(args, starts, samplers)
-    finally:
-        close_sampler_processes(samplers)
-
-
-def train_seeds_with(args: Args, starts: list[tuple[Args, dict | None]], samplers: list[SamplerOfProcess]) -> int:
-    device = seed_everything(args)
-    runs = []
-    for k, ((seed_args, ckpt), sampler) in enumerate(zip(starts, samplers)):
-        torch.manual_seed(seed_args.seed)  # as seed_everything seeds a single run (a checkpoint restores its own)
-        runs.append(start_run(seed_args, ckpt, device, sampler))
-        runs[-1].torch_rng = torch.get_rng_state()
-        if k > 0:
-            runs[-1].monitor.progress.close()  # one progress bar, the first seed's
-    for run in runs:
-        run.seed_runs = [os.path.join(other.run_dir, "checkpoint.pt") for other in runs]
-    say_rounded_timesteps(args)
-    groups = [[run for run in runs if run.sampler.conn is conn] for conn in dict.fromkeys(s.conn for s in samplers)]
-    seed_gradients = {}  # each group's vmapped gradient (None where its seeds update one after another)
-    for group in groups:
-        if len(group) > 1 and all(run.learner.fast.compiled for run in group):
-            seed_gradients[tuple(id(run) for run in group)] = compiled_seed_gradients([r.learner.agent for r in group])
-
-    def ask_rollouts(group: list[SeedRun]) -> None:
-        """One call for the rollouts of a sampler process's seeds still training (they step in lockstep)."""
-        asked = [run for run in group if run.status == "running" and run.state.iteration < run.args.num_iterations]
-        if asked:
-            weights = {run.sampler.index: policy_weights(run.learner) for run in asked}
-            asked[0].sampler.conn.send(("rollouts", None, (weights, asked[0].args.num_steps)))
-            for run in asked:
-                run.sampler.pending = True
-
-    with TrainingLoop(runs[0].run_dir) as loop:
-        for group in groups:
-            ask_rollouts(group)
-        while any(run.sampler.pending for run in runs):
-            for group in groups:
-                sampled = []
-                for run in group:
-                    if not run.sampler.pending:
-                        continue
-                    try:
-                        sampled.append((run, rollout_batch(run, run.sampler.receive())))
-                    except SamplerFailed as e:
-                        run.status = "failed"
-                        say(
-                            f"error: seed {run.args.seed} stopped: {e}; continue it with --resume "
-                            f"{os.path.join(run.run_dir, 'checkpoint.pt')}"
-                        )
-                update_and_log(sampled, args, seed_gradients)
-                if loop.signum is None:
-                    ask_rollouts(group)
-    exit_status = loop.exit_status()
-    for run in runs:
-        status = loop.status if run.status == "running" else run.status
-        if status != "stopped_by_guard" and loop.keeps_state:
-            with seed_random(run):
-                save_checkpoint(run)
-        eval_failed = finish_run(run.monitor, status, run.learner, run.state, sys.modules[__name__])
-        exit_status = exit_status or (1 if status in ("failed", "stopped_by_guard") else eval_failed)
-    return exit_status
 
 
 if __name__ == "__main__":

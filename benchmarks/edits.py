@@ -11,7 +11,15 @@ import shutil
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-MODULES = ["ppo_continuous.py", "dppo_ray.py", "gae.py", "fast_paths.py", "checkpoints.py", "run_management.py"]
+MODULES = [
+    "ppo_continuous.py",
+    "many_seeds.py",
+    "dppo_ray.py",
+    "gae.py",
+    "fast_paths.py",
+    "checkpoints.py",
+    "run_management.py",
+]
 
 # Edits as a researcher makes them: (file, text in the file, its replacement). Each text must occur exactly once.
 MLP_LAYERS = """        layer_init(nn.Linear(in_dim, 64)),
@@ -209,9 +217,9 @@ SEAMS = {
     "optimizer_state_cleared": [
         (
             "ppo_continuous.py",
-            "            ent_coef = anneal(run.learner.optimizer, args, iteration)\n",
-            "            ent_coef = anneal(run.learner.optimizer, args, iteration)\n"
-            "            run.learner.optimizer.state.clear()\n",
+            "        ent_coef = anneal(run.learner.optimizer, args, iteration)\n",
+            "        ent_coef = anneal(run.learner.optimizer, args, iteration)\n"
+            "        run.learner.optimizer.state.clear()\n",
         )
     ],
     "gradient_rebound": [

@@ -1,6 +1,6 @@
 """fast_paths.py and the update it feeds: the numpy actor against TorchActor (at start-up and on a rollout's own data,
 and what the run does when it differs), what stops the compiled gradient, and the compiled gradient against
-loss.backward() through the live Agent over whole steps of the optimizer make_learner builds."""
+the same gradient run eagerly over whole steps of the optimizer make_learner builds."""
 
 from __future__ import annotations
 
@@ -280,19 +280,19 @@ def test_what_the_compiled_gradient_cannot_honour_means_loss_backward_with_its_r
     assert fast_paths.compile_blockers(agent) == words
     capsys.readouterr()
     learner, _ = learner_with(agent)
-    assert learner.fast.compiled is None and learner.fast.used["gradient"] == f"loss.backward() ({words})"
-    assert f"compiled gradient off: {words}; training with loss.backward()" in printed(capsys)
+    assert learner.fast.compiled is None and learner.fast.used["gradient"] == f"eager clipped_gradient ({words})"
+    assert f"compiled gradient off: {words}; training with the eager gradient" in printed(capsys)
 
 
-def test_a_hook_registered_during_the_run_moves_the_next_update_to_loss_backward(capsys):
+def test_a_hook_registered_during_the_run_moves_the_next_update_to_the_eager_gradient(capsys):
     agent = perturbed_agent(5, 2)
     learner, args = learner_with(agent, compile=False)
-    learner.fast.compiled = ppo_continuous.backward  # stands in for the compiled function: only the choice is tested
-    assert ppo_continuous.update_gradients(learner, 1) is ppo_continuous.backward
+    learner.fast.compiled = ppo_continuous.eager_gradient  # stands in for the compiled one: only the choice is tested
+    assert ppo_continuous.update_gradient(learner, 1) is ppo_continuous.eager_gradient
     assert learner.fast.switches == []
     agent.actor_logstd.register_hook(lambda g: g * 0.0)
     capsys.readouterr()
-    assert ppo_continuous.update_gradients(learner, 2) is ppo_continuous.backward and learner.fast.compiled is None
+    assert ppo_continuous.update_gradient(learner, 2) is ppo_continuous.eager_gradient and learner.fast.compiled is None
     lines = printed(capsys)
     assert learner.fast.switches[0]["iteration"] == 2 and lines[0].startswith("compiled gradient off at iteration 2: a")
     assert "a gradient hook on actor_logstd" in lines[0]
@@ -300,8 +300,9 @@ def test_a_hook_registered_during_the_run_moves_the_next_update_to_loss_backward
 
 @pytest.mark.slow
 @pytest.mark.parametrize("decoupled", [False, True])
-def test_the_compiled_gradient_steps_as_loss_backward_over_ten_minibatches(decoupled):
-    """The compiled gradient (torch.func through the live Agent and gae.ppo_loss, compiled) against loss.backward():
+def test_the_compiled_gradient_steps_as_the_eager_one_over_ten_minibatches(decoupled):
+    """The compiled gradient (clipped_gradient, autograd through the live Agent and gae.ppo_loss, compiled) against the
+    same function run eagerly:
     ten steps of ppo_update's loop, each taken by the optimizer make_learner built, from the same weights. The
     parameters and the optimizer's state (step, moments) agree at float32's noise, and the loss settings' entropy
     term and the decoupled loss's behaviour log-probabilities reach both."""
@@ -327,9 +328,9 @@ def test_the_compiled_gradient_steps_as_loss_backward_over_ten_minibatches(decou
         torch.testing.assert_close(state["exp_avg_sq"], eager_state["exp_avg_sq"], rtol=1e-4, atol=1e-10)
 
 
-def test_a_compile_that_fails_trains_with_loss_backward_after_one_line(capsys, monkeypatch):
+def test_a_compile_that_fails_trains_with_the_eager_gradient_after_one_line(capsys, monkeypatch):
     """A machine where inductor cannot build (no C++ compiler), or code torch.compile cannot trace: the first
-    minibatch's compile raises, one line says why, and that minibatch and every later one take loss.backward()."""
+    minibatch's compile raises, one line says why, and that minibatch and every later one take the eager gradient."""
 
     def failing_compile(fn, **kwargs):
         def run(*args, **kw):
@@ -346,9 +347,9 @@ def test_a_compile_that_fails_trains_with_loss_backward_after_one_line(capsys, m
     lines = printed(capsys)
     assert lines == [
         "compiled gradient off at iteration 1: torch.compile failed (RuntimeError: InvalidCxxCompiler: No working C++ "
-        "compiler found); loss.backward() from now on"
+        "compiler found); eager from now on"
     ], lines
-    assert learner.fast.used["gradient"].startswith("loss.backward() from iteration 1")
+    assert learner.fast.used["gradient"].startswith("eager from iteration 1")
 
 
 def test_the_samplers_copies_carry_an_attribute_set_on_the_learners_agent_during_the_run():

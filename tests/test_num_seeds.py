@@ -206,13 +206,13 @@ def test_stacked_actor_acts_as_each_seeds_numpy_actor_and_refuses_what_does_not_
 
 
 def test_seeds_in_lockstep_sample_what_each_samples_alone():
-    import ppo_continuous
+    import many_seeds
 
     together = [seed_sampler("Pendulum-v1", seed, seed) for seed in (0, 7)]
     alone = [seed_sampler("Pendulum-v1", seed, seed) for seed in (0, 7)]
     # float rounding: the stacked matmul rounds otherwise than one seed's, and a pendulum carries it a little further
     for _ in range(2):  # the second rollout continues the episodes of the first
-        rollouts = ppo_continuous.rollouts_together(together, 150)
+        rollouts = many_seeds.rollouts_in_lockstep(together, 150)
         for sampler, rollout in zip(alone, rollouts):
             expected = sampler.rollout(150)
             assert rollout["acting_problem"] == ""
@@ -225,12 +225,12 @@ def test_seeds_in_lockstep_sample_what_each_samples_alone():
 
 
 def test_a_seed_whose_env_raises_in_lockstep_gets_the_error_and_the_others_their_rollouts():
-    import ppo_continuous
+    import many_seeds
     import tests.envs  # noqa: F401 (registers FailsForSeed2-v0)
 
     samplers = [seed_sampler("FailsForSeed2-v0", seed, seed) for seed in (0, 2, 4)]  # envs seeded 0, 1; 2, 3; 4, 5
-    rollouts = ppo_continuous.rollouts_together(samplers, 400)
+    rollouts = many_seeds.rollouts_in_lockstep(samplers, 400)
     assert isinstance(rollouts[1], RuntimeError) and "simulator diverged" in str(rollouts[1])
     assert [rollouts[k]["env_steps"] for k in (0, 2)] == [800, 800]
-    again = ppo_continuous.rollouts_together([samplers[0], samplers[2]], 10)  # the others go on
+    again = many_seeds.rollouts_in_lockstep([samplers[0], samplers[2]], 10)  # the others go on
     assert all(rollout["env_steps"] == 20 for rollout in again)
