@@ -368,6 +368,9 @@ class Lockstep:
         ends = np.cumsum(self.sizes)
         return [(int(end - n), int(end)) for end, n in zip(ends, self.sizes)]
 
+    def own_torch_stream(self):
+        return contextlib.nullcontext()  # each seed acts and finishes its rows on its own stream
+
     def normalize(self, raw, out=None, fill: float = np.nan):
         return type(self.samplers[0]).normalize(self, raw, out, fill)
 
@@ -387,18 +390,19 @@ class Lockstep:
                 continue
             rows = slice(start, end)
             own = [(step, i - start, last) for step, i, last in finals if start <= i < end]
-            results.append(
-                sampler.finish_sample(
-                    obs[:, rows].copy(),
-                    raw_obs[:, rows].copy(),
-                    actions[:, rows].copy(),
-                    rewards[:, rows].copy(),
-                    terminations[:, rows].copy(),
-                    truncations[:, rows].copy(),
-                    noise[:, rows].copy(),
-                    own,
+            with sampler.own_torch_stream():
+                results.append(
+                    sampler.finish_sample(
+                        obs[:, rows].copy(),
+                        raw_obs[:, rows].copy(),
+                        actions[:, rows].copy(),
+                        rewards[:, rows].copy(),
+                        terminations[:, rows].copy(),
+                        truncations[:, rows].copy(),
+                        noise[:, rows].copy(),
+                        own,
+                    )
                 )
-            )
         return results
 
 
@@ -438,6 +442,7 @@ class StackedActor:
     where every seed acts with a NumpyActor and their nets stack, else each seed's own actor on its rows."""
 
     def __init__(self, samplers: list, sizes: list[int]):
+        self.samplers = samplers
         self.policies = [s.policy for s in samplers]
         self.sizes = sizes
         self.stacked = None

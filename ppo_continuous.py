@@ -18,6 +18,7 @@ makes a run safe to interrupt, resume and compare.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import math
@@ -384,6 +385,7 @@ class Sampler:
         self.norm_obs = args.norm_obs
         self.seed = seed
         self.rng = np.random.default_rng(seed)
+        self.torch_state = torch.Generator().manual_seed(seed).get_state()
         self.raw_obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(self.envs)])
         self.returns = gae.DiscountedReturn(num_envs, args.gamma)
         self.episode_returns = np.zeros(num_envs)
@@ -403,6 +405,18 @@ class Sampler:
     @rng_state.setter
     def rng_state(self, state: dict) -> None:
         self.rng.bit_generator.state = state
+
+    @contextlib.contextmanager
+    def own_torch_stream(self):
+        """torch's global generator on this sampler's own stream while it acts, so that what its policy draws does not
+        depend on the process it runs in (a single run's, or a sampler process of many_seeds.py)."""
+        outside = torch.get_rng_state()
+        torch.set_rng_state(self.torch_state)
+        try:
+            yield
+        finally:
+            self.torch_state = torch.get_rng_state()
+            torch.set_rng_state(outside)
 
     def make_agent(self) -> Agent:
         return Agent(*self.spaces)
@@ -480,16 +494,18 @@ class Sampler:
         truncations = np.zeros((num_steps, num_envs), bool)
         noise = self.draw_noise((num_steps, num_envs))
         finals = []  # (step, env, last observation) of each episode a time limit cut
-        for step in range(num_steps):
-            # A non-finite observation is acted on as zeros; after the loop its stored row becomes NaN, for the guard.
-            acting_obs = self.normalize(raw_obs[step], out=obs[step], fill=0.0)
-            actions[step] = self.policy.act(acting_obs, noise[step])
-            rows = (raw_obs[step + 1], rewards[step], terminations[step], truncations[step])
-            *_, final = step_envs(self.envs, self.env_action(actions[step]), rows)
-            for i, last_obs in final.items():
-                if truncations[step, i] and not terminations[step, i]:
-                    finals.append((step, i, last_obs))
-        return self.finish_sample(obs, raw_obs, actions, rewards, terminations, truncations, noise, finals)
+        with self.own_torch_stream():  # a policy that draws (a Dropout) draws the same wherever the sampler runs
+            for step in range(num_steps):
+                # A non-finite observation is acted on as zeros; after the loop its stored row becomes NaN (the guard)
+                acting_obs = self.normalize(raw_obs[step], out=obs[step], fill=0.0)
+                action = self.policy.act(acting_obs, noise[step])
+                actions[step] = action
+                rows = (raw_obs[step + 1], rewards[step], terminations[step], truncations[step])
+                *_, final = step_envs(self.envs, self.env_action(action), rows)
+                for i, last_obs in final.items():
+                    if truncations[step, i] and not terminations[step, i]:
+                        finals.append((step, i, last_obs))
+            return self.finish_sample(obs, raw_obs, actions, rewards, terminations, truncations, noise, finals)
 
     def finish_sample(self, obs, raw_obs, actions, rewards, terminations, truncations, noise, finals) -> dict:
         """The rollout's arrays as the loop left them, and what follows from them on whole arrays: log-probabilities,

@@ -264,8 +264,105 @@ SEAMS = {
             "        self.critic.register_forward_hook(lambda module, inputs, output: output * 0.5)\n",
         )
     ],
+    # the one gradient function, which the compiled and the eager path both run
+    "gradient_function_edit": [
+        (
+            "ppo_continuous.py",
+            "    grads = torch.autograd.grad(stats.loss, params, allow_unused=True)\n",
+            "    penalty = 1e-3 * sum((p**2).sum() for p in params)  # an L2 penalty where the gradient is taken\n"
+            "    grads = torch.autograd.grad(stats.loss + penalty, params, allow_unused=True)\n",
+        )
+    ],
+    # what autograd leaves alone: a frozen first critic layer (fixed random features)
+    "frozen_layer": [
+        (
+            "ppo_continuous.py",
+            "        self.critic = mlp(obs_dim, 1, out_std=1.0)\n",
+            "        self.critic = mlp(obs_dim, 1, out_std=1.0)\n        self.critic[0].requires_grad_(False)\n",
+        )
+    ],
 }
 EDITS |= SEAMS
+
+# Edits of every layer of the script that --num-seeds must run in each seed as its single run does, made together in
+# one copy (tests/test_num_seeds.py): the update loop (gradients accumulated over two minibatches), the training loop
+# (Adam's state cleared every other iteration, a scheduler stepped each iteration, numpy's global generator drawn),
+# make_learner (a learning rate per parameter group), the Agent (a Python attribute drawn at initialization that
+# differs by seed, a frozen layer) and the loss (a random op); "seed_random_layers" adds a Dropout to the critic, which
+# trains with the eager gradient.
+SEED_EDITS = {
+    "seed_all_layers": [
+        (
+            "ppo_continuous.py",
+            "            stats, grad_norm = gradient(learner, minibatch, loss_kwargs, args.max_grad_norm)\n",
+            "            stats, grad_norm = gradient(learner, minibatch, loss_kwargs, args.max_grad_norm)\n"
+            "            params = [p for p in learner.agent.parameters() if p.grad is not None]\n"
+            "            if len(ratios) % 2 == 0:  # accumulate two minibatches' gradients, then step\n"
+            "                held = [p.grad for p in params]\n"
+            "                ratios.append(stats.ratio.detach())\n"
+            "                continue\n"
+            "            for p, g in zip(params, held):\n"
+            "                p.grad = (p.grad + g) / 2\n",
+        ),
+        (
+            "ppo_continuous.py",
+            "        iteration = run.state.iteration + 1\n",
+            "        iteration = run.state.iteration + 1\n"
+            "        if iteration % 2 == 0:\n"
+            "            run.learner.optimizer.state.clear()\n",
+        ),
+        (
+            "ppo_continuous.py",
+            "    args = run.args\n    while run.state.iteration",
+            "    args = run.args\n"
+            "    scheduler = optim.lr_scheduler.ExponentialLR(run.learner.optimizer, gamma=0.7)\n"
+            "    while run.state.iteration",
+        ),
+        (
+            "ppo_continuous.py",
+            "        log_update(run, batch, stats, problem, ent_coef)\n",
+            "        scheduler.step()\n        log_update(run, batch, stats, problem, ent_coef)\n",
+        ),
+        (
+            "ppo_continuous.py",
+            "        ent_coef = anneal(run.learner.optimizer, args, iteration)\n",
+            "        ent_coef = anneal(run.learner.optimizer, args, iteration) + 0.01 * np.random.rand()\n",
+        ),
+        (
+            "ppo_continuous.py",
+            "    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)\n",
+            "    critic = list(agent.critic.parameters())\n"
+            "    rest = [p for p in agent.parameters() if all(p is not q for q in critic)]\n"
+            '    groups = [{"params": critic, "lr": 3 * args.learning_rate}, {"params": rest}]\n'
+            "    optimizer = optim.Adam(groups, lr=args.learning_rate, eps=1e-5, fused=True)\n",
+        ),
+        (
+            "ppo_continuous.py",
+            "        self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))\n",
+            "        self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))\n"
+            "        self.return_scale = round(1.0 + torch.rand(()).item(), 3)\n",
+        ),
+        ("ppo_continuous.py", GET_VALUE, GET_VALUE.replace("squeeze(-1)", "squeeze(-1) * self.return_scale")),
+        *EDITS["frozen_layer"],
+        (
+            "gae.py",
+            "    loss = policy_loss + vf_coef * value_loss\n",
+            "    loss = policy_loss + vf_coef * value_loss * (1.0 + 0.1 * torch.rand(()))\n",
+        ),
+    ],
+    "seed_random_layers": [
+        (
+            "ppo_continuous.py",
+            "        self.critic = mlp(obs_dim, 1, out_std=1.0)\n",
+            "        self.critic = mlp(obs_dim, 1, out_std=1.0)\n        self.critic.insert(2, nn.Dropout(0.1))\n",
+        ),
+        (
+            "ppo_continuous.py",
+            "        ent_coef = anneal(run.learner.optimizer, args, iteration)\n",
+            "        ent_coef = anneal(run.learner.optimizer, args, iteration) + 0.01 * np.random.rand()\n",
+        ),
+    ],
+}
 
 # Which way each part runs after each edit: (numpy acting, compiled gradient)
 EXPECTED = {
@@ -294,6 +391,8 @@ EXPECTED = {
     "torch_actor_noise": (False, True),
     "upper_clip_only": (True, True),
     "module_forward_hook": (False, False),
+    "gradient_function_edit": (True, True),
+    "frozen_layer": (True, True),
 }
 # The parts that the audit moves to the plain path during the run (the others step aside at start-up, if at all)
 AUDITED = {
@@ -309,7 +408,7 @@ def edited_copy(parent: Path, edit: str) -> Path:
     folder.mkdir()
     for name in MODULES:
         shutil.copy(REPO / name, folder / name)
-    for name, old, new in EDITS[edit]:
+    for name, old, new in (EDITS | SEED_EDITS)[edit]:
         text = (folder / name).read_text()
         if text.count(old) != 1:
             raise ValueError(f"{edit}: the text to replace is not in {name} exactly once: {old!r}")

@@ -450,3 +450,108 @@ def test_a_saved_policy_acts_in_eval_mode_with_the_saved_network():
         expected = agent.actor_mean(torch.tensor(obs, dtype=torch.float32).clamp(-5, 5)).numpy()
     np.testing.assert_allclose(first, expected, rtol=1e-6)
     assert policy.agent is not agent
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# What autograd leaves alone stays alone, on both paths
+# ---------------------------------------------------------------------------------------------------------------------
+class DetachingAgent(ppo_continuous.Agent):
+    """An Agent whose log-std can be detached (a flag set during the run) and whose critic's first layer can run under
+    torch.no_grad()."""
+
+    detach_logstd = False
+    critic_features_fixed = False
+
+    def get_value(self, x):
+        if self.critic_features_fixed:
+            with torch.no_grad():
+                x = self.critic[1](self.critic[0](x))
+            return self.critic[2:](x).squeeze(-1)
+        return super().get_value(x)
+
+    def get_distribution(self, x):
+        if not self.detach_logstd:
+            return super().get_distribution(x)
+        mean = self.actor_mean(x)
+        std = self.actor_logstd.detach().expand_as(mean).exp()
+        return Independent(Normal(mean, std, validate_args=False), 1, validate_args=False)
+
+
+def update_once(learner, args, iteration: int, seed: int = 0) -> None:
+    torch.manual_seed(seed)
+    _, problem = ppo_continuous.ppo_update(learner, random_batch(256, 5, 2, seed), args, SETTINGS, iteration)
+    assert problem is None, problem
+
+
+def snapshot(agent) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in agent.named_parameters()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_frozen_layer_keeps_its_values_and_one_frozen_mid_run_stops_from_that_update(compiled):
+    agent = perturbed_agent(5, 2)
+    agent.critic[0].requires_grad_(False)  # fixed random features
+    learner, args = learner_with(agent, compile=compiled)
+    assert (learner.fast.compiled is not None) == compiled
+    start = snapshot(agent)
+    update_once(learner, args, 1)
+    after = snapshot(agent)
+    for name in ("critic.0.weight", "critic.0.bias"):
+        assert torch.equal(after[name], start[name]), name
+    assert not torch.equal(after["critic.2.weight"], start["critic.2.weight"])
+    agent.actor_mean[2].requires_grad_(False)  # frozen at iteration 2: no step from that update on, Adam's moments too
+    update_once(learner, args, 2, seed=1)
+    frozen = snapshot(agent)
+    assert torch.equal(frozen["actor_mean.2.weight"], after["actor_mean.2.weight"])
+    assert not torch.equal(frozen["actor_mean.0.weight"], after["actor_mean.0.weight"])
+    agent.actor_mean[2].requires_grad_(True)  # and unfrozen: it trains again
+    update_once(learner, args, 3, seed=2)
+    assert not torch.equal(snapshot(agent)["actor_mean.2.weight"], frozen["actor_mean.2.weight"])
+    assert learner.fast.switches == [], learner.fast.used
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_detached_part_gets_no_adam_or_weight_decay_step(compiled):
+    """The log-std detached by a flag from the second update, and a critic layer under no_grad: loss.backward() would
+    leave their .grad None, so AdamW steps neither (not even its weight decay)."""
+    agent = DetachingAgent(5, 2)
+    agent.critic_features_fixed = True
+    args = ppo_continuous.Args(num_envs=1, num_steps=256, num_minibatches=4, update_epochs=2, compile=compiled)
+    ppo_continuous.validate_args(args)
+    learner = ppo_continuous.make_learner(args, agent, torch.device("cpu"))
+    learner.optimizer = torch.optim.AdamW(agent.parameters(), lr=1e-3, weight_decay=0.5)
+    ppo_continuous.start_fast_paths(learner, args)
+    assert (learner.fast.compiled is not None) == compiled
+    start = snapshot(agent)
+    update_once(learner, args, 1)
+    after = snapshot(agent)
+    assert torch.equal(after["critic.0.weight"], start["critic.0.weight"])
+    assert not torch.equal(after["actor_logstd"], start["actor_logstd"])  # it trains until the flag is set
+    agent.detach_logstd = True
+    update_once(learner, args, 2, seed=1)
+    assert torch.equal(snapshot(agent)["actor_logstd"], after["actor_logstd"])
+    assert torch.equal(snapshot(agent)["critic.0.weight"], start["critic.0.weight"])
+
+
+@pytest.mark.slow
+def test_a_tensor_the_optimizer_holds_outside_the_agents_parameters_trains_on_both_paths():
+    """A plain tensor leaf on the Agent (not a registered Parameter) that scales the critic's output, handed to the
+    optimizer: it is trained, and the same way compiled and eagerly."""
+    trained = []
+    for compiled in (True, False):
+        agent = perturbed_agent(5, 2)
+        agent.__class__ = ScaledCriticAgent
+        agent.value_scale = torch.ones((), requires_grad=True)
+        learner, args = learner_with(agent, compile=compiled)
+        learner.optimizer.add_param_group({"params": [agent.value_scale]})
+        update_once(learner, args, 1)
+        assert agent.value_scale.item() != 1.0
+        trained.append(agent.value_scale.item())
+    assert trained[0] == pytest.approx(trained[1], rel=1e-4)
+
+
+class ScaledCriticAgent(ppo_continuous.Agent):
+    def get_value(self, x):
+        return super().get_value(x) * self.value_scale
