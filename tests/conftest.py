@@ -130,8 +130,10 @@ class OwnProcesses:
                 found[int(entry)] = command
         return found
 
-    def left_behind(self, within: float = 10) -> dict[int, str]:
-        """alive() once it is empty, or after `within` seconds: a process still shutting down is not left behind."""
+    def left_behind(self, within: float = 60) -> dict[int, str]:
+        """alive() once it is empty, or after `within` seconds: a process still shutting down is not left behind. (Ray's
+        processes end within seconds of the run; a busy machine may take several times that, and an empty alive()
+        returns at once.)"""
         deadline = time.monotonic() + within
         while (found := self.alive()) and time.monotonic() < deadline:
             time.sleep(0.5)

@@ -91,6 +91,27 @@ class HangOnceEnv(CountingEnv):
 register(id="HangOnce-v0", entry_point=HangOnceEnv, max_episode_steps=5, kwargs={"length": 1000})
 
 
+class PauseOnceEnv(CountingEnv):
+    """A simulator that waits for the test once: on its `pause_at`-th step (the warm-up's steps count), while the file
+    named by $TESTS_PAUSE_UNTIL does not exist, it waits for that file (10 minutes at most). A test can then signal a
+    run that it knows is under way, however fast the machine is. Without the variable it never waits."""
+
+    def __init__(self, pause_at: int = 600, **kwargs):
+        super().__init__(**kwargs)
+        self.pause_at = pause_at
+
+    def step(self, action):
+        until = os.environ.get("TESTS_PAUSE_UNTIL")
+        if until and self.total_steps + 1 == self.pause_at:
+            deadline = time.monotonic() + 600
+            while not os.path.exists(until) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return super().step(action)
+
+
+register(id="PauseOnce-v0", entry_point=PauseOnceEnv, max_episode_steps=5, kwargs={"length": 1000})
+
+
 class BrokenResetEnv(CountingEnv):
     """A simulator that breaks for good after a while: from its process's `after`-th reset on (or
     $DPPO_RESETS_BEFORE_FAILURE's), every reset raises (`how="raise"`) or takes the process down without cleanup

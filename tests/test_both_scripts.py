@@ -119,23 +119,30 @@ def test_truncation_bootstraps_with_normalized_observations(tmp_path, script):
 @pytest.mark.parametrize("script", list(SHAPE))
 def test_interrupted_and_resumed_run_logs_the_same_schedules(tmp_path, script):
     """SIGTERM mid-run (exit 143, a checkpoint), then --resume with the same flags: charts/learning_rate and
-    charts/ent_coef follow the uninterrupted run's curves exactly."""
-    total = 61440  # long enough (several seconds) that the SIGTERM below lands mid-run on a fast machine too
-    args = ["--env-id", "Pendulum-v1", "--total-timesteps", str(total), "--ent-coef", "0.01", "--ent-coef-final", "0"]
-    args += ["--checkpoint-every", "0", *SHAPE[script], *COMMON]
+    charts/ent_coef follow the uninterrupted run's curves exactly. The interrupted run's envs wait at their 600th step
+    (256 warm-up steps and two rollouts of 128 before it) until the signal has been sent, so it lands mid-run however
+    fast the machine is."""
+    total = 5120
+    args = ["--env-id", "tests.envs:PauseOnce-v0", "--total-timesteps", str(total), "--ent-coef", "0.01"]
+    args += ["--ent-coef-final", "0", "--obs-warmup-steps", "256", "--checkpoint-every", "0", *SHAPE[script], *COMMON]
     full = run(script, [*args, "--run-name", "full"], tmp_path)
     assert full.returncode == 0, full.stderr
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    go = tmp_path / "go"
+    env = dict(os.environ, PYTHONPATH=str(REPO), TESTS_PAUSE_UNTIL=str(go))
     command = [sys.executable, str(REPO / script), *args, "--run-name", "cut"]
     proc = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert wait_until_trained(tmp_path / "runs" / "cut", proc), "the run ended before its first update"
-    proc.send_signal(signal.SIGTERM)
+    try:
+        assert wait_until_trained(tmp_path / "runs" / "cut", proc), "the run ended before its first update"
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        go.touch()  # the envs go on; the run stops at the end of the iteration under way
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 143, stderr
     assert "SIGTERM" in stderr and "Traceback" not in stderr and "--resume" in stdout
     ckpt = tmp_path / "runs" / "cut" / "checkpoint.pt"
     interrupted_at = torch.load(ckpt, weights_only=True)["global_step"]
-    assert 0 < interrupted_at < total, "interrupt earlier: the run had finished"
+    # the iteration under way when the signal came ends, and no other starts: the third at the latest (its envs waited)
+    assert 0 < interrupted_at <= 3 * 256 and interrupted_at % 256 == 0, interrupted_at
     resumed = run(script, [*args, "--run-name", "cut", "--resume", str(ckpt)], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     for tag in ("charts/learning_rate", "charts/ent_coef"):
