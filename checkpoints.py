@@ -382,3 +382,18 @@ def run_eval_checkpoint(args, script) -> None:
         f"{policy.env_id}: mean return {returns.mean():.2f} ± {returns.std():.2f} over {len(returns)} episodes "
         f"(mean action, saved normalization statistics, {ckpt.get('global_step', '?')} training steps)"
     )
+
+
+def plain_value(value) -> bool:
+    """Whether an attribute is plain data that a sampler's copy can carry (and Ray can send)."""
+    if isinstance(value, (list, tuple)):
+        return all(plain_value(v) for v in value)
+    return value is None or isinstance(value, (bool, int, float, str, np.ndarray))
+
+
+def agent_attributes(agent) -> tuple[dict, list[str]]:
+    """The Agent's own public attributes that are plain data (what the samplers' copies are given; the train/eval mode
+    is theirs), and the names of those that are not (which they cannot carry)."""
+    public = {k: v for k, v in vars(unwrapped(agent)).items() if not k.startswith("_") and k != "training"}
+    carried = {name: value for name, value in public.items() if plain_value(value)}
+    return carried, [name for name in public if name not in carried]

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import sys
 from dataclasses import dataclass, field
 
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from checkpoints import PROG, first_line
+from checkpoints import PROG, agent_attributes, first_line, unwrapped
 from gae import LOG_SQRT_2PI
 
 # A mirror matches when each value it computes differs from the plain path's by at most this fraction of that value's
@@ -275,6 +276,42 @@ def compile_blockers(agent: nn.Module) -> str | None:
     return None
 
 
+def compile_for(function, agent: nn.Module):
+    """torch.compile of `function` into one graph (autograd's gradient included), for the device the Agent is on."""
+    import torch._dynamo.config  # here: a process that never compiles does not import the compiler
+    import torch._inductor.config
+
+    torch._dynamo.config.trace_autograd_ops = True  # torch.autograd.grad inside the graph
+    if os.environ.get("TORCHINDUCTOR_VEC_ISA_OK") is None:
+        # inductor checks each vector ISA the CPU's flags list by building and loading a test library in a child
+        # process, at every start of a process, which costs more than loading the cached graph; a build or load that
+        # fails still ends in the caller's line and the eager gradient
+        torch._inductor.config.cpp.vec_isa_ok = True
+    # On the CPU the graph's kernels are called from generated C++ rather than a Python wrapper (per call that is most
+    # of the graph's overhead at a minibatch of 64); elsewhere inductor's default wrapper.
+    on_cpu = all(p.device.type == "cpu" for p in agent.parameters())
+    return torch.compile(function, fullgraph=True, options={"cpp_wrapper": on_cpu})
+
+
+def compiled_step(step, function, agent: nn.Module, fast: FastPaths):
+    """`step(function, ...)` (the script's gradient_step of its clipped_gradient) with `function` compiled into one
+    graph (compile_for). If compiling or running the graph fails (no C++ compiler for inductor, code it cannot trace),
+    `fast` records why, with one line, and `function` runs eagerly from that call on: the same code, so an error of
+    the user's code recurs there."""
+    compiled = compile_for(function, agent)
+
+    def run(*args):
+        if fast.compiled is not None:
+            try:
+                return step(compiled, *args)
+            except Exception as e:  # noqa: BLE001 (said in one line; the eager function computes the same)
+                fast.compiled = None
+                fast.step_aside("gradient", fast.iteration, f"torch.compile failed ({failure(e)})", "eager")
+        return step(function, *args)
+
+    return run
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Which way each part runs
 # ---------------------------------------------------------------------------------------------------------------------
@@ -359,3 +396,36 @@ def worst_of(compared: dict[str, tuple], against: str, floor: float = 0.0) -> tu
     return relatives[
         worst
     ], f"its {list(compared)[worst]} differ from {against} by {relatives[worst]:.3g} of their scale"
+
+
+def choose_paths(learner, args, plain_actor: type, compile_gradient, numpy_acting: bool = True) -> FastPaths:
+    """Which way acting and the gradient run, said in one line for each part that cannot run fast: the numpy actor
+    where it acts as `plain_actor` (the script's TorchActor) does (check_acting; `numpy_acting` False: a policy it does
+    not compute, DPPO's Discrete one), the gradient compiled by `compile_gradient(agent, fast)` (the script's
+    compiled_gradient) where nothing in the Agent stops it (compile_blockers)."""
+    fast = FastPaths()
+    agent = unwrapped(learner.agent)
+    acting_problem = None
+    if args.fast_path and numpy_acting:
+        acting_problem = acting_blockers(agent)
+        if acting_problem is None:
+            with torch.random.fork_rng(devices=[]):  # the check runs the user's code; the run's stream must not move
+                acting_problem = check_acting(agent, plain_actor)
+        fast.acting = acting_problem is None
+    fast.used["acting"] = "numpy (NumpyActor, audited against TorchActor)" if fast.acting else "torch (TorchActor)"
+    if acting_problem:
+        say(f"fast acting off: {acting_problem}; acting with torch through TorchActor")
+    compile_problem = "--no-fast-path" if not args.fast_path else "--no-compile" if not args.compile else None
+    if compile_problem is None:
+        compile_problem = compile_blockers(agent)
+        if compile_problem is not None:
+            say(f"compiled gradient off: {compile_problem}; training with the eager gradient")
+    if compile_problem is None:
+        fast.compiled = compile_gradient(agent, fast)
+    compiled = "torch.compile of clipped_gradient (autograd through Agent and gae.ppo_loss)"
+    fast.used["gradient"] = compiled if fast.compiled else f"eager clipped_gradient ({compile_problem})"
+    fast.used["optimizer step"] = f"{type(learner.optimizer).__module__}.{type(learner.optimizer).__name__}.step()"
+    dropped = agent_attributes(agent)[1]
+    if dropped:
+        say(f"the samplers' copies of Agent do not carry its attribute {dropped[0]} (only numbers, strings and arrays)")
+    return fast

@@ -316,3 +316,22 @@ def advantage_outliers(
         if mad > 0:
             bad |= valid & ~bad & (np.abs(advantages - median) > mad_factor * mad)
     return bad
+
+
+def finished_episodes(
+    rewards: np.ndarray, ended: np.ndarray, running_returns: np.ndarray, running_lengths: np.ndarray
+) -> tuple[list[float], list[int]]:
+    """Return and length of every episode that ended in a rollout ((steps, envs) rewards and ends), in the order they
+    ended. `running_returns` and `running_lengths` (one per env, updated in place) carry the unfinished episodes' sums
+    from one rollout to the next. (Once per rollout rather than two array updates per step.)"""
+    returns, lengths = [], []
+    start = np.zeros(rewards.shape[1], np.int64)
+    for step, i in zip(*np.nonzero(ended)):
+        returns.append(running_returns[i] + rewards[start[i] : step + 1, i].sum())
+        lengths.append(running_lengths[i] + step + 1 - start[i])
+        running_returns[i] = 0.0
+        running_lengths[i] = 0
+        start[i] = step + 1
+    running_returns += [rewards[first:, i].sum() for i, first in enumerate(start)]
+    running_lengths += len(rewards) - start
+    return returns, lengths

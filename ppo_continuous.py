@@ -2,18 +2,17 @@
 
     python ppo_continuous.py --env-id HalfCheetah-v5 --total-timesteps 1000000
 
-Flags and TensorBoard tags follow CleanRL's ppo_continuous_action.py, so a CleanRL command line pastes as is (each of
-its flags is taken; --upload-model is refused in one line) and the curves overlay. Differences that matter: time-limit
-truncations bootstrap from V(final observation), normalization statistics are saved with the policy and frozen at
-evaluation, a numerical guard drops bad samples, and runs can be checkpointed, interrupted (Ctrl-C or SIGTERM) and
-resumed.
+Flags and TensorBoard tags follow CleanRL's ppo_continuous_action.py, so a CleanRL command line pastes as is and the
+curves overlay. Differences that matter: time-limit truncations bootstrap from V(final observation), normalization
+statistics are saved with the policy and frozen at evaluation, a numerical guard drops bad samples, and runs can be
+checkpointed, interrupted (Ctrl-C or SIGTERM) and resumed.
 
 The file reads top to bottom as the algorithm: flags, env, agent, acting, the rollout, advantages with the guard, the
-update, the training loop and its logging. The math lives in gae.py. The update runs the code on this page: every
-gradient is autograd's through Agent and gae.ppo_loss (compiled with torch.compile where it compiles), and every step is
-the optimizer's that make_learner built. fast_paths.py holds the one mirror, a numpy copy of acting that is audited on
-every rollout, and says when the compiled gradient cannot stand in; checkpoints.py and run_management.py hold what
-makes a run safe to interrupt, resume and compare.
+update, the training loop. It holds the single run only. The math lives in gae.py; every gradient is autograd's
+through Agent and gae.ppo_loss, by one function (clipped_gradient, compiled where it compiles), and every step is the
+optimizer's that make_learner built. fast_paths.py holds the numpy mirror of acting (audited on every rollout) and when
+the compiled gradient steps aside; checkpoints.py and run_management.py what makes a run safe to interrupt, resume and
+compare. Above this file: many_seeds.py (--num-seeds) and dppo_ray.py run its parts many ways.
 """
 
 from __future__ import annotations
@@ -44,20 +43,12 @@ from checkpoints import (
     training_checkpoint,
     unwrapped,
 )
-from fast_paths import (
-    FastPaths,
-    NumpyActor,
-    acting_blockers,
-    audit_acting,
-    check_acting,
-    compile_blockers,
-    failure,
-    say,
-)
+from fast_paths import FastPaths, NumpyActor, audit_acting, choose_paths, compile_blockers, compiled_step
 from run_management import (
     PROG,
     Monitor,
     TrainingLoop,
+    check_run_flags,
     cli,
     finish_run,
     quiet_mujoco_log,
@@ -194,23 +185,13 @@ def validate_args(args: Args, batch_shape: str | None = None) -> None:
     positive = ["total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"]
     positive += ["guard_patience", "torch_threads", "learning_rate", "clip_coef", "obs_clip", "reward_clip"]
     require_positive(args, [*positive, "guard_max_abs", "num_seeds"])
-    if args.seed_processes < 0:
-        raise UsageError(f"--seed-processes must be >= 0, got {args.seed_processes}")
-    if args.upload_model:
-        raise UsageError(
-            "--upload-model (CleanRL's upload to the Hugging Face Hub) is not supported here: save the model with "
-            "--save-model and upload runs/<run-name>/<exp-name>.model with `huggingface-cli upload`"
-        )
-    if args.capture_video:
-        require_moviepy()
+    check_run_flags(args)  # files, videos, resuming, the seeds' processes
     if not 0 < args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
         raise UsageError(f"--gamma must be in (0, 1] and --gae-lambda in [0, 1], got {args.gamma}, {args.gae_lambda}")
     if args.target_kl is not None and not args.target_kl > 0:
         raise UsageError(f"--target-kl must be positive (or None), got {args.target_kl}")
-    if args.checkpoint_every < 0 or args.obs_warmup_steps < 0:
-        raise UsageError("--checkpoint-every and --obs-warmup-steps must be >= 0")
-    if args.resume and args.eval_checkpoint:
-        raise UsageError("--resume and --eval-checkpoint do not fit together: evaluate or train, not both")
+    if args.obs_warmup_steps < 0:
+        raise UsageError(f"--obs-warmup-steps must be >= 0, got {args.obs_warmup_steps}")
     args.batch_size = args.num_envs * args.num_steps
     if args.batch_size % args.num_minibatches != 0:
         shape = batch_shape or f"--num-envs {args.num_envs} x --num-steps {args.num_steps}"
@@ -221,16 +202,6 @@ def validate_args(args: Args, batch_shape: str | None = None) -> None:
     args.num_iterations = args.total_timesteps // args.batch_size
     if args.num_iterations == 0 and not args.eval_checkpoint:
         raise UsageError(f"--total-timesteps {args.total_timesteps} is less than one batch ({args.batch_size} steps)")
-
-
-def require_moviepy() -> None:
-    """--capture-video writes its videos with moviepy (through gymnasium's RecordVideo): without it the first env would
-    fail to build, so it is refused before the run starts."""
-    try:
-        importlib.import_module("moviepy.video.io.ImageSequenceClip")  # what gymnasium's RecordVideo writes with
-    except Exception as e:  # noqa: BLE001 (missing, or installed but broken: either way no video can be written)
-        reason = checkpoints.first_line(e)
-        raise UsageError(f"--capture-video needs moviepy, which does not import ({reason}): pip install moviepy") from e
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -518,7 +489,9 @@ class Sampler:
             audit, problem = audit_acting(self.policy, self.make_actor(False), obs, noise, actions, logprobs)
         obs[~np.isfinite(raw_obs[:num_steps]).all(axis=-1)] = np.nan
         ended = terminations | truncations
-        episode_returns, episode_lengths = self.finished_episodes(rewards, ended)
+        episode_returns, episode_lengths = gae.finished_episodes(
+            rewards, ended, self.episode_returns, self.episode_lengths
+        )
         self.raw_obs = raw_obs[num_steps].copy()
         obs_mean, obs_var, obs_count = gae.finite_moments(raw_obs[:num_steps].reshape(-1, obs_dim))
         return {
@@ -541,21 +514,6 @@ class Sampler:
             "acting_audit": np.array(audit),
             "acting_problem": np.array(problem or ""),
         }
-
-    def finished_episodes(self, rewards: np.ndarray, ended: np.ndarray) -> tuple[list[float], list[int]]:
-        """Return and length of every episode that ended in this rollout, in the order they ended; the unfinished
-        ones' sums carry over to the next rollout. (Once per rollout rather than two array updates per step.)"""
-        returns, lengths = [], []
-        start = np.zeros(len(self.envs), np.int64)
-        for step, i in zip(*np.nonzero(ended)):
-            returns.append(self.episode_returns[i] + rewards[start[i] : step + 1, i].sum())
-            lengths.append(self.episode_lengths[i] + step + 1 - start[i])
-            self.episode_returns[i] = 0.0
-            self.episode_lengths[i] = 0
-            start[i] = step + 1
-        self.episode_returns += [rewards[first:, i].sum() for i, first in enumerate(start)]
-        self.episode_lengths += len(rewards) - start
-        return returns, lengths
 
     def close(self) -> None:
         for env in self.envs:
@@ -596,57 +554,16 @@ def loss_settings(args: Args, ent_coef: float) -> dict:
 
 
 def start_fast_paths(learner: Learner, args: Args, numpy_acting: bool = True) -> None:
-    """Which way acting and the gradient run, said in one line for each part that cannot run fast: the numpy actor
-    where it acts as TorchActor does (fast_paths.check_acting; `numpy_acting` False: a policy it does not compute,
-    DPPO's Discrete one), the compiled gradient where nothing in the Agent stops it (fast_paths.compile_blockers)."""
-    fast = FastPaths()
-    agent = unwrapped(learner.agent)
-    acting_problem = None
-    if args.fast_path and numpy_acting:
-        acting_problem = acting_blockers(agent)
-        if acting_problem is None:
-            with torch.random.fork_rng(devices=[]):  # the check runs the user's code; the run's stream must not move
-                acting_problem = check_acting(agent, TorchActor)
-        fast.acting = acting_problem is None
-    fast.used["acting"] = "numpy (NumpyActor, audited against TorchActor)" if fast.acting else "torch (TorchActor)"
-    if acting_problem:
-        say(f"fast acting off: {acting_problem}; acting with torch through TorchActor")
-    compile_problem = "--no-fast-path" if not args.fast_path else "--no-compile" if not args.compile else None
-    if compile_problem is None:
-        compile_problem = compile_blockers(agent)
-        if compile_problem is not None:
-            say(f"compiled gradient off: {compile_problem}; training with the eager gradient")
-    if compile_problem is None:
-        fast.compiled = compiled_gradient(agent, fast)
-    compiled = "torch.compile of clipped_gradient (autograd through Agent and gae.ppo_loss)"
-    fast.used["gradient"] = compiled if fast.compiled else f"eager clipped_gradient ({compile_problem})"
-    fast.used["optimizer step"] = f"{type(learner.optimizer).__module__}.{type(learner.optimizer).__name__}.step()"
-    learner.fast = fast
-    dropped = agent_attributes(agent)[1]
-    if dropped:
-        say(f"the samplers' copies of Agent do not carry its attribute {dropped[0]} (only numbers, strings and arrays)")
-
-
-def plain_value(value) -> bool:
-    """Whether an attribute is plain data that a sampler's copy can carry (and Ray can send)."""
-    if isinstance(value, (list, tuple)):
-        return all(plain_value(v) for v in value)
-    return value is None or isinstance(value, (bool, int, float, str, np.ndarray))
-
-
-def agent_attributes(agent: nn.Module) -> tuple[dict, list[str]]:
-    """The Agent's own public attributes that are plain data (what the samplers' copies are given; the train/eval mode
-    is theirs), and the names of those that are not (which they cannot carry)."""
-    public = {k: v for k, v in vars(unwrapped(agent)).items() if not k.startswith("_") and k != "training"}
-    carried = {name: value for name, value in public.items() if plain_value(value)}
-    return carried, [name for name in public if name not in carried]
+    """Which way acting and the gradient run (fast_paths.choose_paths, with this file's TorchActor and compiled
+    gradient), said in one line for each part that cannot run fast."""
+    learner.fast = choose_paths(learner, args, TorchActor, compiled_gradient, numpy_acting)
 
 
 def policy_weights(learner: Learner) -> dict[str, np.ndarray]:
     """What a sampler acts with: the numpy weights, the Agent's plain attributes (a flag set during the run, say), the
     observation statistics and which way to act."""
     weights = unwrapped(learner.agent).numpy_weights()
-    weights["agent_attributes"] = agent_attributes(learner.agent)[0]
+    weights["agent_attributes"] = checkpoints.agent_attributes(learner.agent)[0]
     weights["obs_mean"] = learner.obs_rms.mean.copy()
     weights["obs_var"] = learner.obs_rms.var.copy()
     weights["fast_acting"] = np.array(learner.fast.acting)
@@ -787,40 +704,11 @@ def gradient_step(gradient, learner: Learner, minibatch: dict, loss_kwargs: dict
 eager_gradient = functools.partial(gradient_step, clipped_gradient)
 
 
-def compile_for(function, agent: Agent):
-    """torch.compile of `function` into one graph (autograd's gradient included), for the device the Agent is on."""
-    import torch._dynamo.config
-    import torch._inductor.config
-
-    torch._dynamo.config.trace_autograd_ops = True  # torch.autograd.grad inside the graph
-    if os.environ.get("TORCHINDUCTOR_VEC_ISA_OK") is None:
-        # inductor checks each vector ISA the CPU's flags list by building and loading a test library in a child
-        # process, at every start of a process, which costs more than loading the cached graph; a build or load that
-        # fails still ends in the caller's line and the eager gradient
-        torch._inductor.config.cpp.vec_isa_ok = True
-    # On the CPU the graph's kernels are called from generated C++ rather than a Python wrapper (per call that is most
-    # of the graph's overhead at a minibatch of 64); elsewhere inductor's default wrapper.
-    on_cpu = all(p.device.type == "cpu" for p in agent.parameters())
-    return torch.compile(function, fullgraph=True, options={"cpp_wrapper": on_cpu})
-
-
 def compiled_gradient(agent: Agent, fast: FastPaths):
-    """eager_gradient with clipped_gradient compiled into one graph: the same code, far fewer ops than autograd's
-    per-op dispatch. If compiling fails (no C++ compiler for inductor, code it cannot trace) `fast` records why, with
-    one line, and the run trains with eager_gradient from then on."""
-    compiled = compile_for(clipped_gradient, agent)
-
-    def gradient(learner: Learner, minibatch: dict, loss_kwargs: dict, max_grad_norm: float):
-        if fast.compiled is None:
-            return eager_gradient(learner, minibatch, loss_kwargs, max_grad_norm)
-        try:
-            return gradient_step(compiled, learner, minibatch, loss_kwargs, max_grad_norm)
-        except Exception as e:  # noqa: BLE001 (the eager gradient is the same; an error of the user's code recurs there)
-            fast.compiled = None
-            fast.step_aside("gradient", fast.iteration, f"torch.compile failed ({failure(e)})", "eager")
-            return eager_gradient(learner, minibatch, loss_kwargs, max_grad_norm)
-
-    return gradient
+    """eager_gradient with clipped_gradient compiled into one graph (fast_paths.compiled_step): the same code, far
+    fewer ops than autograd's per-op dispatch; eager_gradient from the minibatch where compiling fails, with one
+    line."""
+    return compiled_step(gradient_step, clipped_gradient, agent, fast)
 
 
 def update_gradient(learner: Learner, iteration: int):

@@ -491,6 +491,31 @@ def say_rounded_timesteps(args) -> None:
         )
 
 
+def check_run_flags(args) -> None:
+    """The flags of a run's files, videos and resuming, and of --num-seeds' processes: one UsageError each."""
+    if args.upload_model:
+        raise UsageError(
+            "--upload-model (CleanRL's upload to the Hugging Face Hub) is not supported here: save the model with "
+            "--save-model and upload runs/<run-name>/<exp-name>.model with `huggingface-cli upload`"
+        )
+    if args.capture_video:
+        require_moviepy()
+    if args.checkpoint_every < 0 or args.seed_processes < 0:
+        raise UsageError("--checkpoint-every and --seed-processes must be >= 0")
+    if args.resume and args.eval_checkpoint:
+        raise UsageError("--resume and --eval-checkpoint do not fit together: evaluate or train, not both")
+
+
+def require_moviepy() -> None:
+    """--capture-video writes its videos with moviepy (through gymnasium's RecordVideo): without it the first env would
+    fail to build, so it is refused before the run starts."""
+    try:
+        importlib.import_module("moviepy.video.io.ImageSequenceClip")  # what gymnasium's RecordVideo writes with
+    except Exception as e:  # noqa: BLE001 (missing, or installed but broken: either way no video can be written)
+        reason = first_line(e)
+        raise UsageError(f"--capture-video needs moviepy, which does not import ({reason}): pip install moviepy") from e
+
+
 def require_positive(args, names: list[str]) -> None:
     """Each named flag must be > 0 (a flag left at None, meaning "default", passes)."""
     for name in names:

@@ -20,6 +20,7 @@ from gae import (
     advantage_outliers,
     compute_gae,
     explained_variance,
+    finished_episodes,
     finite_moments,
     finite_samples,
     mean_clipfrac,
@@ -909,3 +910,18 @@ def test_normalize_obs_standardizes_clips_and_marks_non_finite_rows(with_statist
     for_acting = normalize_obs(raw, mean, std, 2.5, fill=0.0)
     np.testing.assert_array_equal(for_acting[[1, 3]], 0.0)
     np.testing.assert_array_equal(np.delete(for_acting, [1, 3], axis=0), np.delete(x, [1, 3], axis=0))
+
+
+def test_finished_episodes_sum_each_episode_across_rollouts_in_the_order_they_end():
+    running_returns, running_lengths = np.zeros(2), np.zeros(2, dtype=np.int64)
+    rewards = np.array([[1.0, 10.0], [2.0, 20.0], [3.0, 30.0]])
+    ended = np.array([[False, True], [True, False], [False, False]])
+    returns, lengths = finished_episodes(rewards, ended, running_returns, running_lengths)
+    assert returns == [10.0, 3.0] and lengths == [1, 2]  # env 1 ends at step 0, env 0 at step 1
+    np.testing.assert_array_equal(running_returns, [3.0, 50.0])
+    np.testing.assert_array_equal(running_lengths, [1, 2])
+    returns, lengths = finished_episodes(
+        np.array([[4.0, 5.0]]), np.array([[True, True]]), running_returns, running_lengths
+    )
+    assert returns == [7.0, 55.0] and lengths == [2, 3]  # the unfinished sums carried over
+    np.testing.assert_array_equal(running_returns, [0.0, 0.0])
