@@ -8,6 +8,7 @@ edited copy of ppo_continuous.py loads and evaluates with its own network.
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import dataclasses
 import inspect
@@ -32,6 +33,13 @@ class UsageError(Exception):
 
 # The running script's name, for its one-line messages (ppo_continuous.py when not run as a script)
 PROG = os.path.basename(sys.argv[0]) if sys.argv[0].endswith(".py") else "ppo_continuous.py"
+# Who a run's lines on stderr speak for: with --num-seeds, the seed (many_seeds.py sets it in each seed's context)
+SPEAKER: contextvars.ContextVar[str] = contextvars.ContextVar("speaker", default="")
+
+
+def speaker() -> str:
+    """The start of a run's line on stderr: the script's name, and the seed it concerns when several train."""
+    return f"{PROG}: {SPEAKER.get()}"
 
 
 def unwrapped(agent):

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from checkpoints import PROG, agent_attributes, first_line, unwrapped
+from checkpoints import agent_attributes, first_line, speaker, unwrapped
 from gae import LOG_SQRT_2PI
 
 # A mirror matches when each value it computes differs from the plain path's by at most this fraction of that value's
@@ -39,7 +39,7 @@ RANDOM_LAYERS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaD
 def say(line: str) -> None:
     """One line on stderr under the running script's name: why a fast path stepped aside, and the training script's
     other notes (a seed that stopped, an attribute the samplers' copies do not carry)."""
-    print(f"{PROG}: {line}", file=sys.stderr)
+    print(f"{speaker()}{line}", file=sys.stderr)
 
 
 def failure(e: BaseException) -> str:

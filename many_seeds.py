@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from checkpoints import UsageError, load_checkpoint, resume_checkpoint
+from checkpoints import SPEAKER, UsageError, load_checkpoint, resume_checkpoint
 from fast_paths import DoesNotFit, NumpyActor, StackedNumpyActor, failure, say
 from run_management import PROG, BadBatchError, TrainingLoop, run_folder, say_rounded_timesteps, seed_everything
 
@@ -507,6 +507,16 @@ def single_run_command(args) -> list[str]:
     return [PROG, *flags]
 
 
+@contextlib.contextmanager
+def speaking_for(seed: int):
+    """The lines printed meanwhile name `seed`."""
+    token = SPEAKER.set(f"seed {seed}: ")
+    try:
+        yield
+    finally:
+        SPEAKER.reset(token)
+
+
 class SeedsStop:
     """What each seed's training loop sees of the training process's loop: a signal ends every seed's iteration under
     way, as it does a single run's."""
@@ -544,7 +554,8 @@ def train_seeds(script, args, starts: list, samplers: list[SeedSampler], turns: 
     for k, ((seed_args, ckpt), sampler) in enumerate(zip(starts, samplers)):
         device = seed_everything(seed_args)  # as a single run seeds itself (a checkpoint restores its own stream)
         command, extra = single_run_command(seed_args), {"launched_by": [PROG, *sys.argv[1:]]}
-        runs.append(script.start_run(seed_args, ckpt, device, sampler, command, extra))
+        with speaking_for(seed_args.seed):
+            runs.append(script.start_run(seed_args, ckpt, device, sampler, command, extra))
         streams.append(RandomStreams())
         if k > 0:
             runs[-1].monitor.progress.close()  # one progress bar, the first seed's
@@ -555,16 +566,17 @@ def train_seeds(script, args, starts: list, samplers: list[SeedSampler], turns: 
 
     def run_seed(k: int) -> None:
         run = runs[k]
+        SPEAKER.set(f"seed {run.args.seed}: ")  # this thread's lines name its seed
         with turns.turn(streams[k]):
             try:
                 script.training_loop(run, stop)
             except BadBatchError as e:
                 statuses[k] = "stopped_by_guard"
-                say(f"error: seed {run.args.seed}: {e}; the last good checkpoint stays in {run.run_dir}")
+                say(f"error: {e}; the last good checkpoint stays in {run.run_dir}")
             except SamplerFailed as e:
                 statuses[k] = "failed"
                 checkpoint = os.path.join(run.run_dir, "checkpoint.pt")
-                say(f"error: seed {run.args.seed} stopped: {e}; continue it with --resume {checkpoint}")
+                say(f"error: stopped: {e}; continue it with --resume {checkpoint}")
             except BaseException as e:  # noqa: BLE001 (the script's own error: every seed stops, then it is raised)
                 statuses[k] = "failed"
                 stop.error = stop.error or e
@@ -591,10 +603,7 @@ def train_seeds(script, args, starts: list, samplers: list[SeedSampler], turns: 
     for run, status, seed_streams in zip(runs, statuses, streams):
         status = loop.status if status == "running" else status
         keeps_state = status != "stopped_by_guard" and loop.keeps_state
-        if loop.hard:
-            eval_failed = script.end_run(run, status, keeps_state)
-        else:
-            with turns.turn(seed_streams):  # its checkpoint saves its own torch stream
-                eval_failed = script.end_run(run, status, keeps_state)
+        with speaking_for(run.args.seed), turns.turn(seed_streams) if not loop.hard else contextlib.nullcontext():
+            eval_failed = script.end_run(run, status, keeps_state)  # its checkpoint saves its own torch stream
         exit_status = exit_status or (1 if status in ("failed", "stopped_by_guard") else eval_failed)
     return exit_status

@@ -47,6 +47,7 @@ from checkpoints import (
     resumed_args,
     run_eval_checkpoint,
     save_atomic,
+    speaker,
 )
 
 
@@ -420,7 +421,7 @@ class Monitor:
         """At most one warning of a kind per 50 iterations."""
         if iteration - self.last_warned.get(name, -(10**9)) >= 50:
             self.last_warned[name] = iteration
-            tqdm.write(f"{PROG}: warning: {message}", file=sys.stderr)
+            tqdm.write(f"{speaker()}warning: {message}", file=sys.stderr)
 
     def guard(self, batch: dict, problem: str | None) -> bool:
         """Count and report the samples the guard dropped from this batch, and a bad batch (`problem`: the update was
@@ -443,7 +444,7 @@ class Monitor:
         self.bad_in_a_row += 1
         counters["bad_batches"] += 1
         self.writer.add_scalar("guard/bad_batches", counters["bad_batches"], global_step)
-        tqdm.write(f"{PROG}: warning: skipped a bad batch at step {global_step}: {problem}", file=sys.stderr)
+        tqdm.write(f"{speaker()}warning: skipped a bad batch at step {global_step}: {problem}", file=sys.stderr)
         if self.bad_in_a_row >= self.args.guard_patience:
             raise BadBatchError(f"stopping: {self.bad_in_a_row} bad batches in a row (last: {problem})")
         return False
@@ -557,7 +558,7 @@ def save_final_model(monitor: Monitor, learner, state: RunState, script) -> dict
     except Exception as e:  # noqa: BLE001 (an edited policy that cannot act: the run's files must still be written)
         gap = distribution_gap(e) if isinstance(e, NotImplementedError) else None
         eval_error = first_line(gap or e)
-        print(f"{PROG}: error: model saved to {path}, but evaluating it failed: {eval_error}", file=sys.stderr)
+        print(f"{speaker()}error: model saved to {path}, but evaluating it failed: {eval_error}", file=sys.stderr)
         return {"eval_error": eval_error}
     for idx, episodic_return in enumerate(returns):
         monitor.writer.add_scalar("eval/episodic_return", episodic_return, idx)

@@ -90,6 +90,9 @@ def test_edits_of_every_layer_train_in_every_seed_as_in_its_single_run(edit, tmp
     )
     assert together.returncode == 0, together.stderr
     assert "Traceback" not in together.stderr and "off at iteration" not in together.stderr, together.stderr
+    if edit == "seed_random_layers":  # each seed's start-up line names its seed
+        for seed in (1, 2, 3):
+            assert f"ppo_continuous.py: seed {seed}: compiled gradient off: a random layer" in together.stderr
     ent_coefs = []
     for seed in (1, 2, 3):
         alone = run_python(
@@ -136,7 +139,7 @@ def test_a_seed_whose_env_fails_stops_alone_with_its_checkpoint(tmp_path):
     result = run_ppo(args, tmp_path)
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if "seed 2 stopped" in line]
+    lines = [line for line in result.stderr.splitlines() if "seed 2: error: stopped: its env failed" in line]
     assert len(lines) == 1 and "RuntimeError: simulator diverged at step 300" in lines[0], result.stderr
     runs = tmp_path / "runs"
     failed = json.loads((runs / "f__2" / "summary.json").read_text())
