@@ -5,10 +5,11 @@
   state-independent log-std. It is a second implementation, so it is checked: at start-up on random inputs
   (`check_acting`), and on every rollout against TorchActor on the very observations and noise it acted with
   (`audit_acting`). One that differs steps aside with one line; the rollout it acted in is sampled again with torch.
-- **The gradient, derived.** The update has no second implementation: its gradient is autograd's through Agent and
-  gae.ppo_loss, compiled with torch.compile where it compiles (ppo_continuous.compiled_gradients), and every step is
-  the optimizer's own. What this file adds is only when the compiled gradient cannot stand in for `loss.backward()`
-  (`compile_blockers`: a gradient hook, a module hook, a random layer, a buffer), said in one line.
+- **The gradient, derived.** The update has no second implementation: its gradient is the script's one gradient
+  function (ppo_continuous.clipped_gradient, autograd's through Agent and gae.ppo_loss), compiled with torch.compile
+  where it compiles (`compile_for`, `compiled_step`), and every step is the optimizer's own. What this file adds is
+  only when the compiled graph cannot stand in for the function run eagerly (`compile_blockers`: a gradient hook, a
+  module hook, a random layer, a buffer), said in one line, and which way each part runs (`choose_paths`).
 
 `FastPaths` records which way each part runs, for the console, TensorBoard and summary.json.
 """
@@ -249,19 +250,19 @@ def acting_blockers(agent: nn.Module) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The compiled gradient: when it cannot stand in for loss.backward() through the live Agent
+# The compiled gradient: when it cannot stand in for the same function run eagerly
 # ---------------------------------------------------------------------------------------------------------------------
 def compile_blockers(agent: nn.Module) -> str | None:
-    """Why the compiled gradient (torch.func over the Agent's parameters, in a graph of its own) would not compute
-    what loss.backward() through the live Agent does, in words; None when it would. Checked before every update, so a
-    hook registered during the run counts from the next one."""
+    """Why the compiled gradient (the gradient function traced into a graph of its own) would not compute what the
+    same function computes run eagerly through the live Agent, in words; None when it would. Checked before every
+    update, so a hook registered during the run counts from the next one."""
     hooked = [
         name
         for name, p in agent.named_parameters()
         if p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None)
     ]
     if hooked:
-        return f"a gradient hook on {hooked[0]} (torch.func's gradient does not run it)"
+        return f"a gradient hook on {hooked[0]} (a compiled graph does not run it)"
     for name, module in agent.named_modules():
         if isinstance(module, RANDOM_LAYERS) and module.training:
             return f"a random layer ({type(module).__name__}) in {name or 'Agent'} (a compiled graph draws other noise)"
@@ -318,7 +319,7 @@ def compiled_step(step, function, agent: nn.Module, fast: FastPaths):
 @dataclass
 class FastPaths:
     """Which way each part runs: `acting` True for NumpyActor; `compiled` the compiled gradient function
-    (ppo_continuous.compiled_gradients) or None for loss.backward(). `used` says it in words, for summary.json and
+    (ppo_continuous.compiled_gradient) or None for the eager one. `used` says it in words, for summary.json and
     TensorBoard; `differences` holds the latest acting audit's largest relative difference, and `switches` each part
     that stepped aside during the run."""
 

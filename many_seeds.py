@@ -120,6 +120,7 @@ def sampler_process(conn, sampler_class, starts: list[tuple[int, object, int, st
     for signum in (signal.SIGINT, signal.SIGTERM):  # the training process's to handle: it stops after the iteration
         signal.signal(signum, signal.SIG_IGN)  # and closes this process (which exits too when its pipe closes)
     torch.set_num_threads(starts[0][1].torch_threads)
+    seed_everything(replace(starts[0][1], seed=starts[0][2]))  # an env that draws from a global generator: seeded
     samplers = {}
     try:
         for index, args, seed, video_dir in starts:
@@ -137,8 +138,11 @@ def sampler_process(conn, sampler_class, starts: list[tuple[int, object, int, st
         try:
             command, index, payload = conn.recv()
         except (EOFError, OSError):
-            return
+            command = "close"
         if command == "close":
+            for sampler in samplers.values():  # a video being recorded is finished
+                with contextlib.suppress(Exception):
+                    sampler.close()
             return
         if command == "rollouts":
             serve_rollouts(samplers, *payload, outbox)
@@ -156,13 +160,14 @@ def sampler_process(conn, sampler_class, starts: list[tuple[int, object, int, st
 
 def serve_rollouts(samplers: dict, weights: dict[int, dict], num_steps: int, outbox: queue.Queue) -> None:
     """A rollout of each seed in `weights` (its policy's), in lockstep; an answer for each seed, a failure its own."""
+    order = sorted(weights)  # the seeds stack in one order, whichever asked first
     try:
-        for index, seed_weights in weights.items():
-            samplers[index].set_policy(seed_weights)
-        results = rollouts_in_lockstep([samplers[index] for index in weights], num_steps)
+        for index in order:
+            samplers[index].set_policy(weights[index])
+        results = rollouts_in_lockstep([samplers[index] for index in order], num_steps)
     except Exception as e:  # noqa: BLE001 (not an env's: every seed of the call fails with it)
-        results = [e] * len(weights)
-    for index, result in zip(weights, results):
+        results = [e] * len(order)
+    for index, result in zip(order, results):
         if isinstance(result, Exception):
             outbox.put((index, None, failure(result), None))
         else:
@@ -170,12 +175,19 @@ def serve_rollouts(samplers: dict, weights: dict[int, dict], num_steps: int, out
 
 
 def send_all(conn, outbox: queue.Queue) -> None:
-    """Send what comes into `outbox`, in order, until the pipe closes."""
-    try:
-        while True:
-            conn.send(outbox.get())
-    except (BrokenPipeError, OSError):
-        return
+    """Send what comes into `outbox`, in order, until the pipe closes. An answer that cannot be sent (a result that
+    does not pickle) goes out as its seed's error, so that no seed waits for it forever."""
+    while True:
+        answer = outbox.get()
+        try:
+            conn.send(answer)
+        except (BrokenPipeError, OSError):
+            return
+        except Exception as e:  # noqa: BLE001 (that seed's answer, as an error line)
+            try:
+                conn.send((answer[0], None, f"its rollout could not be sent ({failure(e)})", None))
+            except (BrokenPipeError, OSError):
+                return
 
 
 class SamplerProcess:
@@ -197,7 +209,7 @@ class SamplerProcess:
         while True:
             try:
                 index, result, error, rng_state = self.conn.recv()
-            except (EOFError, OSError):
+            except Exception:  # noqa: BLE001 (the pipe closed, or an answer that does not unpickle: every seed hears)
                 with self.arrived:
                     self.died = True
                     self.arrived.notify_all()
@@ -212,7 +224,7 @@ class SamplerProcess:
             while index not in self.answers and not self.died:
                 self.arrived.wait()
             if index not in self.answers:
-                raise SamplerFailed(f"its sampler process died (exit code {self.process.exitcode})")
+                raise SamplerFailed(f"its sampler process died (exit code {self.process.exitcode or 'unknown'})")
             result, error, rng_state = self.answers.pop(index)
         if error:
             raise SamplerFailed(f"its env failed ({error})")
@@ -361,6 +373,12 @@ class Lockstep:
             self.obs_mean = np.concatenate([np.broadcast_to(s.obs_mean, (n, len(s.obs_mean))) for s, n in self.pairs()])
             self.obs_std = np.concatenate([np.broadcast_to(s.obs_std, (n, len(s.obs_std))) for s, n in self.pairs()])
 
+    def __getattr__(self, name: str):
+        raise AttributeError(
+            f"Sampler.sample uses self.{name}, which seeds stepped in lockstep do not share: give each seed a sampler "
+            "process of its own (--seed-processes equal to --num-seeds)"
+        )
+
     def pairs(self):
         return zip(self.samplers, self.sizes)
 
@@ -456,7 +474,11 @@ class StackedActor:
             shaped = self.stacked.act(obs.reshape(groups, per, -1), noise.reshape(groups, per, -1))
             return shaped.reshape(len(obs), -1)
         bounds = np.cumsum([0, *self.sizes])
-        return np.concatenate([p.act(obs[a:b], noise[a:b]) for p, a, b in zip(self.policies, bounds[:-1], bounds[1:])])
+        actions = []
+        for sampler, a, b in zip(self.samplers, bounds[:-1], bounds[1:]):
+            with sampler.own_torch_stream():  # a torch actor that draws, draws from its seed's own stream
+                actions.append(sampler.policy.act(obs[a:b], noise[a:b]))
+        return np.concatenate(actions)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -483,6 +505,11 @@ def seed_runs_to_start(args) -> list[tuple[object, dict | None]]:
         seed_args = replace(args, resume=path, run_name=None)
         ckpt = resume_checkpoint(seed_args)
         starts.append((replace(seed_args, seed=int(ckpt["args"]["seed"])), ckpt))
+    if not starts:
+        raise UsageError(
+            f"none of the seeds' checkpoints that {args.resume} lists exist here: resume from the folder the run "
+            "started in"
+        )
     return starts
 
 
@@ -496,7 +523,7 @@ def single_run_command(args) -> list[str]:
         if skip:
             skip = False
             continue
-        name = item.partition("=")[0]
+        name = item.partition("=")[0].replace("_", "-")
         if name in own:
             skip = "=" not in item  # its value is the next item
             continue
@@ -539,7 +566,7 @@ def train(script, args) -> int:
     starts = seed_runs_to_start(args)
     for seed_args, _ in starts:
         run_folder(seed_args)  # an existing folder is refused before any process starts
-    count = min(len(starts), args.seed_processes or os.cpu_count() or 1)
+    count = min(len(starts), args.seed_processes or len(os.sched_getaffinity(0)))
     turns = Turns()
     samplers = start_sampler_processes(script, starts, turns, count)
     try:
@@ -578,7 +605,7 @@ def train_seeds(script, args, starts: list, samplers: list[SeedSampler], turns: 
                 checkpoint = os.path.join(run.run_dir, "checkpoint.pt")
                 say(f"error: stopped: {e}; continue it with --resume {checkpoint}")
             except BaseException as e:  # noqa: BLE001 (the script's own error: every seed stops, then it is raised)
-                statuses[k] = "failed"
+                statuses[k] = "error"
                 stop.error = stop.error or e
             finally:
                 run.sampler.process.leave(run.sampler.index)
@@ -597,13 +624,17 @@ def train_seeds(script, args, starts: list, samplers: list[SeedSampler], turns: 
                 thread.join(timeout=0.5)
     if loop.hard:  # a second signal: the seeds may be mid-iteration; their last checkpoints stay
         turns.lock.acquire(timeout=30)
-    if stop.error is not None:
-        raise stop.error
     exit_status = loop.exit_status()
     for run, status, seed_streams in zip(runs, statuses, streams):
-        status = loop.status if status == "running" else status
+        if status == "error":  # as a single run that raised: no checkpoint of a state left mid-iteration
+            continue
+        if status == "running":  # stopped by a signal, by another seed's error, or done
+            finished = run.state.iteration >= run.args.num_iterations
+            status = loop.status if stop.error is None or finished else "failed"
         keeps_state = status != "stopped_by_guard" and loop.keeps_state
         with speaking_for(run.args.seed), turns.turn(seed_streams) if not loop.hard else contextlib.nullcontext():
             eval_failed = script.end_run(run, status, keeps_state)  # its checkpoint saves its own torch stream
         exit_status = exit_status or (1 if status in ("failed", "stopped_by_guard") else eval_failed)
+    if stop.error is not None:  # the script's own error in one seed: the others ended with their state, now say it
+        raise stop.error
     return exit_status

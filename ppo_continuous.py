@@ -672,8 +672,8 @@ def clip_gradients(grads: list[torch.Tensor], max_norm: float) -> tuple[list[tor
 
 
 def clipped_gradient(agent: Agent, params: list[torch.Tensor], minibatch: dict, loss_kwargs: dict, max_grad_norm):
-    """The one gradient function: autograd's gradient of the minibatch's loss with respect to `params` (what the
-    optimizer trains), clipped by its global norm. None for a tensor the loss does not reach (detached, under no_grad,
+    """The one gradient function: autograd's gradient of the minibatch's loss with respect to `params` (the trained
+    tensors), clipped by its global norm. None for a tensor the loss does not reach (detached, under no_grad,
     unused), as loss.backward() leaves its .grad, so that the optimizer leaves it alone. Run as it is (--no-compile)
     or compiled by torch.compile (compiled_gradient); returns the gradients, the loss's statistics and the norm
     before clipping."""
@@ -685,15 +685,18 @@ def clipped_gradient(agent: Agent, params: list[torch.Tensor], minibatch: dict, 
     return grads, {key: value.detach() for key, value in stats._asdict().items() if torch.is_tensor(value)}, norm
 
 
-def trained_tensors(optimizer: optim.Optimizer) -> list[torch.Tensor]:
-    """What the optimizer trains: every tensor it holds that requires a gradient (a frozen layer does not)."""
-    return [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+def trained_tensors(learner: Learner) -> list[torch.Tensor]:
+    """What loss.backward() would give a gradient: the Agent's parameters and every tensor the optimizer holds, those
+    that require one (a frozen layer does not)."""
+    held = [p for group in learner.optimizer.param_groups for p in group["params"]]
+    tensors = {id(p): p for p in [*learner.agent.parameters(), *held] if p.requires_grad}
+    return list(tensors.values())
 
 
 def gradient_step(gradient, learner: Learner, minibatch: dict, loss_kwargs: dict, max_grad_norm: float):
-    """`gradient` (clipped_gradient or its compiled graph) of the minibatch, left in the .grad of every tensor the
-    optimizer holds (None where the loss does not reach it); returns the loss's statistics and the gradient's norm."""
-    params = trained_tensors(learner.optimizer)
+    """`gradient` (clipped_gradient or its compiled graph) of the minibatch, left in the .grad of every trained tensor
+    (None where the loss does not reach it); returns the loss's statistics and the gradient's norm."""
+    params = trained_tensors(learner)
     learner.optimizer.zero_grad()
     grads, fields, norm = gradient(learner.agent, params, minibatch, loss_kwargs, max_grad_norm)
     for param, grad in zip(params, grads):

@@ -288,8 +288,8 @@ EDITS |= SEAMS
 # one copy (tests/test_num_seeds.py): the update loop (gradients accumulated over two minibatches), the training loop
 # (Adam's state cleared every other iteration, a scheduler stepped each iteration, numpy's global generator drawn),
 # make_learner (a learning rate per parameter group), the Agent (a Python attribute drawn at initialization that
-# differs by seed, a frozen layer) and the loss (a random op); "seed_random_layers" adds a Dropout to the critic, which
-# trains with the eager gradient.
+# differs by seed, a frozen layer) and the loss (a random op); "seed_random_layers" adds a Dropout to the critic and
+# the actor, which train with the eager gradient and act with torch.
 SEED_EDITS = {
     "seed_all_layers": [
         (
@@ -355,6 +355,12 @@ SEED_EDITS = {
             "ppo_continuous.py",
             "        self.critic = mlp(obs_dim, 1, out_std=1.0)\n",
             "        self.critic = mlp(obs_dim, 1, out_std=1.0)\n        self.critic.insert(2, nn.Dropout(0.1))\n",
+        ),
+        (  # acting draws too: the seeds stepped in lockstep each draw from their own stream
+            "ppo_continuous.py",
+            "        self.actor_mean = mlp(obs_dim, act_dim, out_std=0.01)\n",
+            "        self.actor_mean = mlp(obs_dim, act_dim, out_std=0.01)\n"
+            "        self.actor_mean.insert(2, nn.Dropout(0.1))\n",
         ),
         (
             "ppo_continuous.py",

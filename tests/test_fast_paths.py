@@ -258,14 +258,14 @@ def test_a_rollout_whose_numpy_actor_failed_its_audit_is_sampled_again_with_torc
 @pytest.mark.parametrize(
     "state, words",
     [
-        ("gradient hook", "a gradient hook on critic.0.weight (torch.func's gradient does not run it)"),
+        ("gradient hook", "a gradient hook on critic.0.weight (a compiled graph does not run it)"),
         ("dropout", "a random layer (Dropout) in critic.2 (a compiled graph draws other noise)"),
         ("forward hook", "a module hook on actor_mean.0"),
         ("buffer", "a buffer (scale), which a forward pass may change"),
         ("float16", "parameters that are not float32 or float64"),
     ],
 )
-def test_what_the_compiled_gradient_cannot_honour_means_loss_backward_with_its_reason(capsys, state, words):
+def test_what_the_compiled_gradient_cannot_honour_means_the_eager_gradient_with_its_reason(capsys, state, words):
     agent = perturbed_agent(5, 2)
     if state == "gradient hook":
         agent.critic[0].weight.register_hook(lambda g: g * 0.5)
