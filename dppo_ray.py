@@ -131,8 +131,10 @@ class Args(ppo.Args):
 
 def validate_args(args: Args) -> None:
     require_positive(args, ["num_actors", "num_envs_per_actor", "sync_every", "actor_cpus", "max_is_weight"])
-    if args.num_seeds != 1:
-        raise UsageError("--num-seeds is ppo_continuous.py's: run each seed of dppo_ray.py as a run of its own")
+    if args.num_seeds != 1 or args.seed_processes:
+        raise UsageError(
+            "--num-seeds and --seed-processes are ppo_continuous.py's: run each seed of dppo_ray.py as a run of its own"
+        )
     if args.max_policy_lag < 0:
         raise UsageError("--max-policy-lag must be >= 0")
     if args.rollout_timeout < 0 or not math.isfinite(args.rollout_timeout):

@@ -190,7 +190,7 @@ def test_num_seeds_is_refused_where_it_does_not_fit(tmp_path):
         (run_ppo(["--num-seeds", "2", "--track"], tmp_path), "--track and --num-seeds do not fit together"),
         (
             run_python(REPO / "dppo_ray.py", ["--num-seeds", "2"], tmp_path, timeout=120),
-            "dppo_ray.py: error: --num-seeds is ppo_continuous.py's",
+            "dppo_ray.py: error: --num-seeds and --seed-processes are ppo_continuous.py's",
         ),
     ]
     for result, line in refused:
