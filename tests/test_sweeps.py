@@ -159,14 +159,14 @@ def test_a_node_lost_mid_sweep_costs_only_a_retry(tmp_path, monkeypatch):
         output: list[str] = []
         reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
         reader.start()
-        deadline = time.time() + 180
+        deadline = time.time() + 600  # a safety net, as below
         while time.time() < deadline and len(trainers_running("bench/ppo__learning-rate=", cluster)) < 2:
             time.sleep(0.5)
         assert len(trainers_running("bench/ppo__learning-rate=", cluster)) == 2, "".join(output)[-3000:]
         time.sleep(2)  # the trainers are under way on A, the only node with CPUs
         cluster.remove_node(node_a)  # the runs wait for a node with CPUs
         node_b = cluster.add_node(num_cpus=2)
-        proc.wait(timeout=500)
+        proc.wait(timeout=1800)  # a safety net: a loaded machine takes what it takes
         reader.join(timeout=10)
         text = "".join(output)
         assert proc.returncode == 0, text[-3000:]
@@ -503,22 +503,23 @@ def test_a_node_lost_with_storage_resumes_the_run_from_its_checkpoint_on_another
         cluster.wait_for_nodes()
         storage = tmp_path / "shared"
         sweep = ["--envs", "Pendulum-v1", "--impls", "ppo", "--seeds", "1", "--storage", str(storage)]
-        proc = start_learning(tmp_path, cluster.address, *sweep, "--total-timesteps", "153600", *SHORT[2:])
+        # 100 iterations: the first checkpoint (the 25th) leaves 75 to run after node A is removed
+        proc = start_learning(tmp_path, cluster.address, *sweep, "--total-timesteps", "51200", *SHORT[2:])
         output: list[str] = []
         reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
         reader.start()
         folder = storage / "runs" / "bench" / "ppo" / "Pendulum-v1__1"
-        deadline = time.time() + 180
+        deadline = time.time() + 600  # a safety net, as below
         while time.time() < deadline and not (folder / "checkpoint.pt").is_file():
             time.sleep(0.5)
         assert (folder / "checkpoint.pt").is_file(), "".join(output)[-3000:]
         cluster.remove_node(node_a)
         node_b = cluster.add_node(num_cpus=1)
-        proc.wait(timeout=500)
+        proc.wait(timeout=1800)  # a safety net: a loaded machine takes what it takes
         reader.join(timeout=10)
         text = "".join(output)
         assert proc.returncode == 0, text[-3000:]
-        assert json.loads((folder / "summary.json").read_text())["env_steps"] == 153600
+        assert json.loads((folder / "summary.json").read_text())["env_steps"] == 51200
         assert json.loads((folder / "node.json").read_text())["node_id"] == node_b.node_id, text
         resumes = json.loads((folder / "run.json").read_text())["resumes"]
         assert len(resumes) == 1 and resumes[0]["at_step"] > 0, "the retry resumed from the checkpoint"
