@@ -33,7 +33,7 @@ import random
 import sys
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -50,14 +50,12 @@ class SamplerFailed(Exception):
 # ---------------------------------------------------------------------------------------------------------------------
 # Turns: one seed runs at a time, on its own random streams
 # ---------------------------------------------------------------------------------------------------------------------
-@dataclass
 class RandomStreams:
-    """The global random generators' states of one seed: torch's (and CUDA's), numpy's and Python's."""
+    """The global random generators' states of one seed: torch's (and CUDA's), numpy's and Python's; made from the
+    states they have now."""
 
-    torch_state: torch.Tensor = field(default_factory=torch.get_rng_state)
-    cuda_states: list = field(default_factory=lambda: cuda_states())
-    numpy_state: tuple = field(default_factory=np.random.get_state)  # noqa: NPY002 (the global stream a loop may use)
-    python_state: tuple = field(default_factory=random.getstate)
+    def __init__(self):
+        self.save()
 
     def save(self) -> None:
         self.torch_state, self.cuda_states = torch.get_rng_state(), cuda_states()
