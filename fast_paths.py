@@ -17,15 +17,18 @@
 from __future__ import annotations
 
 import copy
+import logging
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
+from tqdm import tqdm
 
-from checkpoints import agent_attributes, first_line, speaker, unwrapped
+from checkpoints import agent_attributes, speaker, unwrapped
 from gae import LOG_SQRT_2PI
 
 # A mirror matches when each value it computes differs from the plain path's by at most this fraction of that value's
@@ -34,18 +37,29 @@ from gae import LOG_SQRT_2PI
 # is orders of magnitude larger.
 TOLERANCE = 1e-4
 
+# A gradient function that keeps recompiling (a Python number the graph holds as a constant, changed at every call)
+# would rebuild its graph at every change: after this many recompiles it runs eagerly instead, with one line.
+RECOMPILES = 2
+
 RANDOM_LAYERS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 
 
 def say(line: str) -> None:
     """One line on stderr under the running script's name: why a fast path stepped aside, and the training script's
     other notes (a seed that stopped, an attribute the samplers' copies do not carry)."""
-    print(f"{speaker()}{line}", file=sys.stderr)
+    tqdm.write(f"{speaker()}{line}", file=sys.stderr)  # above a progress bar, not inside it
 
 
 def failure(e: BaseException) -> str:
-    """An exception in a few words: its type and the first line of its message."""
-    return f"{type(e).__name__}: {first_line(e)[:160] if str(e).strip() else 'no message'}"
+    """An exception in a few words: its type and the first line of its message, with the lines after it where it ends
+    in a colon (torch.compile's "backend='inductor' raised:" is followed by its cause)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    text = lines[0] if lines else "no message"
+    for line in lines[1:]:
+        if not text.endswith(":"):
+            break
+        text = f"{text} {line}"
+    return f"{type(e).__name__}: {text[:240]}"
 
 
 class DoesNotFit(Exception):
@@ -283,6 +297,8 @@ def compile_for(function, agent: nn.Module):
     import torch._inductor.config
 
     torch._dynamo.config.trace_autograd_ops = True  # torch.autograd.grad inside the graph
+    # dynamo warns in many lines when a function hits its recompile limit; compiled_step says it in one
+    logging.getLogger("torch._dynamo.convert_frame").setLevel(logging.ERROR)
     if os.environ.get("TORCHINDUCTOR_VEC_ISA_OK") is None:
         # inductor checks each vector ISA the CPU's flags list by building and loading a test library in a child
         # process, at every start of a process, which costs more than loading the cached graph; a build or load that
@@ -291,23 +307,67 @@ def compile_for(function, agent: nn.Module):
     # On the CPU the graph's kernels are called from generated C++ rather than a Python wrapper (per call that is most
     # of the graph's overhead at a minibatch of 64); elsewhere inductor's default wrapper.
     on_cpu = all(p.device.type == "cpu" for p in agent.parameters())
-    return torch.compile(function, fullgraph=True, options={"cpp_wrapper": on_cpu})
+    # isolate_recompiles: the recompiles of this call (this seed's Agent) are counted apart from other calls'
+    return torch.compile(
+        function,
+        fullgraph=True,
+        options={"cpp_wrapper": on_cpu},
+        recompile_limit=RECOMPILES + 1,
+        isolate_recompiles=True,
+    )
+
+
+def recompile_reason(function) -> str:
+    """What made dynamo compile `function` again, in the user's names: the failed guard of its newest graph, such as
+    "agent.calls (the graph holds it as the constant 2)" for a counter on the Agent."""
+    from torch._dynamo.utils import guard_failures
+
+    newest = max(
+        (re.match(r"\d+/(\d+): (.*)", failure) for failure in guard_failures.get(function.__code__, [])),
+        key=lambda match: int(match[1]) if match else -1,
+        default=None,
+    )
+    if not newest:
+        return "a value the graph was traced with"
+    guard = newest[2].splitlines()[0].split("  #")[0].split(" (HINT")[0].strip()
+    guard = re.sub(r"\b[LG]\['([^']+)'\]", r"\1", guard)
+    constant = re.fullmatch(r"(.+?) == (.+)", guard)
+    if constant:
+        return f"{constant[1]} (the newest graph holds it as the constant {constant[2][:40]})"
+    return f"a value the guard `{guard[:120]}` checks"
 
 
 def compiled_step(step, function, agent: nn.Module, fast: FastPaths):
     """`step(function, ...)` (the script's gradient_step of its clipped_gradient) with `function` compiled into one
-    graph (compile_for). If compiling or running the graph fails (no C++ compiler for inductor, code it cannot trace),
-    `fast` records why, with one line, and `function` runs eagerly from that call on: the same code, so an error of
-    the user's code recurs there."""
+    graph (compile_for), said in one line before it first compiles. If compiling or running the graph fails (no C++
+    compiler for inductor, code it cannot trace, a value that changes at every call and so would recompile at every
+    call), `fast` records why, with one line, and `function` runs eagerly from that call on: the same code, so an
+    error of the user's code recurs there."""
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
     compiled = compile_for(function, agent)
+    announced = False
 
     def run(*args):
+        nonlocal announced
         if fast.compiled is not None:
+            if not announced and not fast.quiet:
+                say(
+                    "compiling the gradient with torch.compile (a graph not in the cache takes a while to build; "
+                    "--no-compile trains without it)"
+                )
+            announced = True
             try:
                 return step(compiled, *args)
             except Exception as e:  # noqa: BLE001 (said in one line; the eager function computes the same)
                 fast.compiled = None
-                fast.step_aside("gradient", fast.iteration, f"torch.compile failed ({failure(e)})", "eager")
+                reason = f"torch.compile failed ({failure(e)})"
+                if isinstance(e, FailOnRecompileLimitHit):
+                    reason = (
+                        f"{recompile_reason(function)} keeps changing, and each value compiles a graph of its own "
+                        f"({RECOMPILES} recompiles; a Python number does, a tensor would not)"
+                    )
+                fast.step_aside("gradient", fast.iteration, reason, "eager")
         return step(function, *args)
 
     return run
@@ -329,6 +389,7 @@ class FastPaths:
     differences: dict[str, float] = field(default_factory=dict)
     switches: list[dict] = field(default_factory=list)
     said: set[str] = field(default_factory=set)
+    quiet: bool = False  # --quiet: no line while the gradient compiles
     iteration: int = 0  # the update running now, for a switch during it
 
     def table(self) -> str:
@@ -404,7 +465,7 @@ def choose_paths(learner, args, plain_actor: type, compile_gradient, numpy_actin
     where it acts as `plain_actor` (the script's TorchActor) does (check_acting; `numpy_acting` False: a policy it does
     not compute, DPPO's Discrete one), the gradient compiled by `compile_gradient(agent, fast)` (the script's
     compiled_gradient) where nothing in the Agent stops it (compile_blockers)."""
-    fast = FastPaths()
+    fast = FastPaths(quiet=args.quiet)
     agent = unwrapped(learner.agent)
     acting_problem = None
     if args.fast_path and numpy_acting:

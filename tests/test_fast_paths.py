@@ -21,6 +21,10 @@ import gae  # noqa: E402
 import ppo_continuous  # noqa: E402
 import run_management  # noqa: E402
 
+COMPILING = (
+    "compiling the gradient with torch.compile (a graph not in the cache takes a while to build; --no-compile trains "
+    "without it)"
+)
 SETTINGS = dict(clip_coef=0.2, clip_vloss=True, ent_coef=0.0, vf_coef=0.5, norm_adv=True)
 
 
@@ -346,10 +350,49 @@ def test_a_compile_that_fails_trains_with_the_eager_gradient_after_one_line(caps
     assert problem is None and learner.fast.compiled is None
     lines = printed(capsys)
     assert lines == [
+        COMPILING,
         "compiled gradient off at iteration 1: torch.compile failed (RuntimeError: InvalidCxxCompiler: No working C++ "
-        "compiler found); eager from now on"
+        "compiler found); eager from now on",
     ], lines
     assert learner.fast.used["gradient"].startswith("eager from iteration 1")
+
+
+def test_a_failure_keeps_its_cause_where_its_first_line_only_introduces_it():
+    """torch.compile's BackendCompilerFailed reads "backend='inductor' raised:" on its first line, its cause after."""
+    from torch._dynamo.exc import BackendCompilerFailed
+
+    cause = RuntimeError("C++ compile error\n\nCommand:\ng++ graph.cpp")
+    words = fast_paths.failure(BackendCompilerFailed(torch.compile, cause, None))
+    assert words == "BackendCompilerFailed: backend='compile' raised: RuntimeError: C++ compile error", words
+    assert fast_paths.failure(ValueError("one line\nand more")) == "ValueError: one line"
+    assert fast_paths.failure(KeyError()) == "KeyError: no message"
+
+
+class CountingAgent(ppo_continuous.Agent):
+    """A research edit that keeps a Python number in the graph: the value scaled by a count the loop sets every
+    update. torch.compile holds the count as a constant, so each new value is a graph of its own."""
+
+    updates = 0
+
+    def evaluate(self, x, action):
+        logprob, entropy, value = super().evaluate(x, action)
+        return logprob, entropy, value * (self.updates / (self.updates + 1))
+
+
+@pytest.mark.slow
+def test_a_number_that_changes_every_update_stops_the_compile_after_two_recompiles_with_one_line_naming_it(capsys):
+    learner, args = learner_with(CountingAgent(5, 2))
+    capsys.readouterr()
+    for iteration in range(1, 7):
+        learner.agent.updates = iteration
+        update_once(learner, args, iteration)
+        assert (learner.fast.compiled is None) == (iteration > fast_paths.RECOMPILES + 1), iteration
+    lines = printed(capsys)
+    off = f"compiled gradient off at iteration {fast_paths.RECOMPILES + 2}: agent.updates (the newest graph holds it "
+    assert lines[0] == COMPILING and len(lines) == 2 and lines[1].startswith(off), lines
+    assert f"constant {fast_paths.RECOMPILES + 1}) keeps changing" in lines[1], lines[1]
+    assert lines[1].endswith("; eager from now on"), lines[1]
+    assert [switch["iteration"] for switch in learner.fast.switches] == [fast_paths.RECOMPILES + 2]
 
 
 def test_the_samplers_copies_carry_an_attribute_set_on_the_learners_agent_during_the_run():
