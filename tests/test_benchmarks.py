@@ -254,6 +254,7 @@ MACHINE_PATH = re.compile(r"(?<![\w.])/(work|root|tmp|home)/")
         "rllib_ppo.py",
         "iteration_profile.py",
         "local_cluster.py",
+        "startup.py",
     ],
 )
 @pytest.mark.slow
@@ -470,3 +471,17 @@ def test_num_seeds_quick_compares_the_three_ways_on_the_same_seeds(tmp_path):
     # Pendulum does not amplify rounding: seeds trained together return what their single runs return
     assert all(abs(a - b) <= 1 for a, b in zip(rows["together (--num-seeds)"], rows["one at a time"]))
     assert "Welch 95% interval" in out.read_text()
+
+
+def test_startup_times_each_mode_as_a_whole_process_and_refuses_a_missing_script(tmp_path):
+    """benchmarks/startup.py with --no-compile only (the compiled modes cost a compile each): its table has the mode's
+    row, with a wall time, a CPU time and a peak memory that a real run of torch takes; a missing script is one line."""
+    out = tmp_path / "startup.md"
+    args = ["--env-id", "Pendulum-v1", "--total-timesteps", "2048", "--rounds", "1", "--modes", "no-compile"]
+    result = run_python(REPO / "benchmarks" / "startup.py", [*args, "--out", str(out)], tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    row = next(line for line in out.read_text().splitlines() if line.startswith("| no-compile |"))
+    wall, least, most, cpu, peak = (float(cell) for cell in row.split("|")[2:7])
+    assert 0 < least == wall == most and cpu > 0 and peak > 100, row  # torch alone takes more than 100 MiB
+    missing = run_python(REPO / "benchmarks" / "startup.py", ["--script", str(tmp_path / "nope.py")], tmp_path)
+    assert missing.returncode == 2 and f"no script at {tmp_path / 'nope.py'}" in missing.stderr, missing.stderr
