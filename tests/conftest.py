@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     import ppo_continuous
 
 REPO = Path(__file__).resolve().parent.parent
+# How long a test waits for a process it started to end, or for a run to reach the event it needs: a safety net that
+# stops a hung test, never a clock a test races. A loaded 2-core machine takes many times a quiet one's time.
+SAFETY_NET = 1800.0
 
 
 def script_env(env: Mapping[str, str] | None = None, repo_on_path: bool = True) -> dict[str, str]:
@@ -34,7 +37,7 @@ def run_python(
     script: str | Path,
     args: Sequence[str] = (),
     cwd: Path | None = None,
-    timeout: float = 300,
+    timeout: float = SAFETY_NET,
     env: Mapping[str, str] | None = None,
     *,
     repo_on_path: bool = True,
@@ -95,7 +98,12 @@ class OwnProcesses:
         return proc
 
     def run(
-        self, script: str | Path, args: Sequence[str] = (), cwd: Path | None = None, timeout: float = 300, env=None
+        self,
+        script: str | Path,
+        args: Sequence[str] = (),
+        cwd: Path | None = None,
+        timeout: float = SAFETY_NET,
+        env=None,
     ) -> subprocess.CompletedProcess:
         """run_python, in a new session and with the tag; on a timeout, every process of the test is killed first, so
         that a hung run does not load the machine for the tests after it."""
@@ -130,7 +138,7 @@ class OwnProcesses:
                 found[int(entry)] = command
         return found
 
-    def left_behind(self, within: float = 60) -> dict[int, str]:
+    def left_behind(self, within: float = 300) -> dict[int, str]:
         """alive() once it is empty, or after `within` seconds: a process still shutting down is not left behind. (Ray's
         processes end within seconds of the run; a busy machine may take several times that, and an empty alive()
         returns at once.)"""
@@ -148,7 +156,7 @@ class OwnProcesses:
                     os.kill(pid, signal.SIGKILL)
 
 
-def wait_until_trained(run_dir: Path, proc: subprocess.Popen | None = None, timeout: float = 240) -> bool:
+def wait_until_trained(run_dir: Path, proc: subprocess.Popen | None = None, timeout: float = SAFETY_NET) -> bool:
     """Whether the run writing to `run_dir` has trained once (its TensorBoard events hold losses/approx_kl, logged
     after each update) within `timeout` seconds; False as soon as `proc`, its process, has ended. A test that signals a
     run after this reaches it training, however long a loaded machine took to start it (Ray, torch, the envs)."""
@@ -163,7 +171,7 @@ def wait_until_trained(run_dir: Path, proc: subprocess.Popen | None = None, time
 PPO_SCRIPT = REPO / "ppo_continuous.py"
 
 
-def run_ppo(args: Sequence[str], cwd: Path, timeout: float = 240, **kwargs) -> subprocess.CompletedProcess:
+def run_ppo(args: Sequence[str], cwd: Path, timeout: float = SAFETY_NET, **kwargs) -> subprocess.CompletedProcess:
     """`python ppo_continuous.py *args` in `cwd`, as a user runs it (run_python)."""
     return run_python(PPO_SCRIPT, args, cwd, timeout, **kwargs)
 

@@ -103,7 +103,7 @@ class PauseOnceEnv(CountingEnv):
     def step(self, action):
         until = os.environ.get("TESTS_PAUSE_UNTIL")
         if until and self.total_steps + 1 == self.pause_at:
-            deadline = time.monotonic() + 600
+            deadline = time.monotonic() + 1800  # a safety net: the test makes the file
             while not os.path.exists(until) and time.monotonic() < deadline:
                 time.sleep(0.05)
         return super().step(action)

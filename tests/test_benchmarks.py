@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_python
+from tests.conftest import REPO, SAFETY_NET, run_python
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -35,7 +35,7 @@ def test_permutation_pvalue_against_hand_counts():
 
 def run_quick(script: str, out_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     args = ["--quick", "--out-dir", str(out_dir), *extra]
-    return run_python(REPO / "benchmarks" / script, args, out_dir, timeout=600, env={"MPLBACKEND": "Agg"})
+    return run_python(REPO / "benchmarks" / script, args, out_dir, timeout=SAFETY_NET, env={"MPLBACKEND": "Agg"})
 
 
 @pytest.mark.parametrize(
@@ -154,7 +154,7 @@ def test_venv_python_found_by_location_not_working_directory(tmp_path, monkeypat
 
 
 def run_script(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return run_python(REPO / "benchmarks" / script, args, cwd, timeout=120, env={"MPLBACKEND": "Agg"})
+    return run_python(REPO / "benchmarks" / script, args, cwd, timeout=SAFETY_NET, env={"MPLBACKEND": "Agg"})
 
 
 @pytest.mark.parametrize(
@@ -405,7 +405,7 @@ def test_learning_jobs_run_side_by_side_and_a_failure_does_not_stop_the_others(t
     from learning import run_jobs
 
     # the first job waits until the second has written its file, so it passes only if both run at once
-    wait = f"import os, time\nend = time.time() + 60\nwhile not os.path.exists({str(tmp_path / 'b')!r}):\n"
+    wait = f"import os, time\nend = time.time() + 600\nwhile not os.path.exists({str(tmp_path / 'b')!r}):\n"
     wait += "    time.sleep(0.05)\n    if time.time() > end: raise SystemExit('b never ran beside me')\nopen('a', 'w')"
     jobs = [("a", ["-c", wait]), ("b", ["-c", "open('b', 'w')"]), ("bad", ["-c", "raise SystemExit(3)"])]
     jobs += [("c", ["-c", "open('c', 'w')"])]
@@ -478,7 +478,7 @@ def test_startup_times_each_mode_as_a_whole_process_and_refuses_a_missing_script
     row, with a wall time, a CPU time and a peak memory that a real run of torch takes; a missing script is one line."""
     out = tmp_path / "startup.md"
     args = ["--env-id", "Pendulum-v1", "--total-timesteps", "2048", "--rounds", "1", "--modes", "no-compile"]
-    result = run_python(REPO / "benchmarks" / "startup.py", [*args, "--out", str(out)], tmp_path, timeout=600)
+    result = run_python(REPO / "benchmarks" / "startup.py", [*args, "--out", str(out)], tmp_path, timeout=SAFETY_NET)
     assert result.returncode == 0, result.stderr[-2000:]
     row = next(line for line in out.read_text().splitlines() if line.startswith("| no-compile |"))
     wall, least, most, cpu, peak = (float(cell) for cell in row.split("|")[2:7])

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import REPO, run_python, scalars, wait_until_trained
+from tests.conftest import REPO, SAFETY_NET, run_python, scalars, wait_until_trained
 
 sys.path.insert(0, str(REPO))
 
@@ -29,7 +29,7 @@ SHAPE = {"ppo_continuous.py": ["--num-envs", "2"], "dppo_ray.py": ["--num-actors
 COMMON = ["--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "4", "--quiet", "--no-compile"]
 
 
-def run(script: str, args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+def run(script: str, args: list[str], cwd: Path, timeout: float = SAFETY_NET) -> subprocess.CompletedProcess:
     return run_python(REPO / script, args, cwd, timeout)
 
 
@@ -105,7 +105,7 @@ def test_truncation_bootstraps_with_normalized_observations(tmp_path, script):
     args = ["--env-id", "tests.envs:Cycle-v0", "--run-name", "c", "--total-timesteps", "40960", "--no-norm-reward"]
     args += ["--no-clip-vloss", "--gamma", "0.5", "--learning-rate", "3e-3", "--num-steps", "128", "--quiet"]
     args += ["--num-minibatches", "4"]
-    result = run(script, [*args, *SHAPE[script]], tmp_path, timeout=600)
+    result = run(script, [*args, *SHAPE[script]], tmp_path, timeout=SAFETY_NET)
     assert result.returncode == 0, result.stderr
     policy_ckpt = torch.load(tmp_path / "runs" / "c" / "checkpoint.pt", weights_only=True)
     agent, obs_rms = checkpoints.agent_from_checkpoint(policy_ckpt, "c", ppo_continuous)
@@ -136,7 +136,7 @@ def test_interrupted_and_resumed_run_logs_the_same_schedules(tmp_path, script):
         proc.send_signal(signal.SIGTERM)
     finally:
         go.touch()  # the envs go on; the run stops at the end of the iteration under way
-    stdout, stderr = proc.communicate(timeout=120)
+    stdout, stderr = proc.communicate(timeout=SAFETY_NET)
     assert proc.returncode == 143, stderr
     assert "SIGTERM" in stderr and "Traceback" not in stderr and "--resume" in stdout
     ckpt = tmp_path / "runs" / "cut" / "checkpoint.pt"
@@ -222,7 +222,12 @@ def test_custom_env_module_in_the_working_directory(tmp_path, script, extra):
     args = ["--env-id", "myenv:MyPendulum-v0", "--total-timesteps", "512", "--num-steps", "256", "--quiet"]
     args += ["--num-minibatches", "4", "--update-epochs", "1", "--run-name", "m", *extra]
     result = subprocess.run(
-        [sys.executable, str(REPO / script), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, str(REPO / script), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SAFETY_NET,
     )
     assert result.returncode == 0, result.stderr
     last = result.stdout.strip().splitlines()[-1]

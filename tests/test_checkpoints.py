@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import REPO, SMALL, run_ppo, tensorboard_events
+from tests.conftest import REPO, SAFETY_NET, SMALL, run_ppo, tensorboard_events
 
 sys.path.insert(0, str(REPO))
 
@@ -105,7 +105,7 @@ def bad_checkpoints(tmp_path: Path) -> dict[str, Path]:
 @pytest.mark.parametrize("flag", ["--eval-checkpoint", "--resume"])
 def test_bad_checkpoint_is_refused_without_running_code(tmp_path, kind, flag):
     path = bad_checkpoints(tmp_path)[kind]
-    result = run_ppo([flag, str(path), "--env-id", "Pendulum-v1", "--quiet"], tmp_path, timeout=120)
+    result = run_ppo([flag, str(path), "--env-id", "Pendulum-v1", "--quiet"], tmp_path, timeout=SAFETY_NET)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()

@@ -16,7 +16,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.conftest import REPO, OwnProcesses, run_python, tensorboard_events, wait_until_trained
+from tests.conftest import REPO, SAFETY_NET, OwnProcesses, run_python, tensorboard_events, wait_until_trained
 
 SCRIPT = REPO / "dppo_ray.py"
 
@@ -26,7 +26,7 @@ CARTPOLE += ["--quiet", "--no-compile"]
 
 
 def run(
-    args: list[str], cwd: Path, timeout: float = 300, env: dict | None = None, own: OwnProcesses | None = None
+    args: list[str], cwd: Path, timeout: float = SAFETY_NET, env: dict | None = None, own: OwnProcesses | None = None
 ) -> subprocess.CompletedProcess:
     """dppo_ray.py run to its end; through `own` where the test checks what it leaves running."""
     return run_python(SCRIPT, args, cwd, timeout, env) if own is None else own.run(SCRIPT, args, cwd, timeout, env)
@@ -60,7 +60,7 @@ def test_own_processes_are_the_runs_and_no_others(tmp_path, own):
     spawner.write_text(f"import subprocess\nprint(subprocess.Popen({sleep!r}, env={{}}, {quiet}).pid, flush=True)\n")
     script = own.start(spawner, cwd=tmp_path)
     in_session = int(script.stdout.readline())
-    script.communicate(timeout=60)
+    script.communicate(timeout=SAFETY_NET)
     tagged = subprocess.Popen(sleep, env=own.env(os.environ))
     others = [subprocess.Popen(sleep), subprocess.Popen(sleep, env=OwnProcesses().env(os.environ))]
     try:
@@ -151,7 +151,7 @@ def test_async_never_stalls_in_process(tmp_path, sync_every, max_policy_lag):
     args = ["--env-id", "tests.envs:Truncating-v0", "--mode", "async", "--no-ray", "--num-steps", "32"]
     args += ["--sync-every", str(sync_every), "--max-policy-lag", str(max_policy_lag), "--num-minibatches", "2"]
     args += ["--update-epochs", "1", "--total-timesteps", "1280", "--run-name", "g", "--quiet"]
-    result = run(args, tmp_path, timeout=120)
+    result = run(args, tmp_path, timeout=SAFETY_NET)
     assert result.returncode == 0, result.stderr
     s = summary(tmp_path, "g")
     assert s["status"] == "completed" and s["learner_updates"] == 20
@@ -164,7 +164,7 @@ def test_async_never_stalls_on_ray(tmp_path, sync_every, max_policy_lag):
     args = ["--env-id", "tests.envs:Truncating-v0", "--mode", "async", "--num-steps", "64", "--num-minibatches", "2"]
     args += ["--sync-every", str(sync_every), "--max-policy-lag", str(max_policy_lag), "--update-epochs", "2"]
     args += ["--total-timesteps", "3840", "--run-name", "r", "--quiet"]
-    result = run(args, tmp_path, timeout=300)
+    result = run(args, tmp_path, timeout=SAFETY_NET)
     assert result.returncode == 0, result.stderr
     s = summary(tmp_path, "r")
     assert s["status"] == "completed" and s["learner_updates"] == 30
@@ -303,14 +303,14 @@ def test_sigterm_while_an_env_hangs_saves_a_checkpoint_at_once(tmp_path, own):
     args += ["--rollout-timeout", "3600"]
     # the env hangs in a rollout's step, inside the training loop: the signal cannot come before it
     proc = own.start(SCRIPT, args, tmp_path, env={"DPPO_HANG_MARKER": str(marker)})
-    deadline = time.monotonic() + 600  # a safety net: the wait ends when the env hangs, or the run ends
+    deadline = time.monotonic() + SAFETY_NET  # the wait ends when the env hangs, or the run ends
     while time.monotonic() < deadline and not marker.exists() and proc.poll() is None:
         time.sleep(0.2)
     assert marker.exists(), "the test env should have hung"
     time.sleep(1)
     proc.send_signal(signal.SIGTERM)
     try:
-        _, stderr = proc.communicate(timeout=300)
+        _, stderr = proc.communicate(timeout=SAFETY_NET)
     except subprocess.TimeoutExpired:
         pytest.fail("SIGTERM did not stop the run: it waits for the hung env (--rollout-timeout 3600)")
     assert proc.returncode == 143, stderr
@@ -361,7 +361,7 @@ def test_ctrl_c_or_sigterm_checkpoints_and_leaves_no_ray_processes(tmp_path, own
     # the signal must find the run training: one at step 0 would leave no step to checkpoint
     assert wait_until_trained(run_dir, proc), "the run never trained"
     proc.send_signal(signum)
-    _, stderr = proc.communicate(timeout=120)
+    _, stderr = proc.communicate(timeout=SAFETY_NET)
     assert proc.returncode == status, stderr
     assert "Traceback" not in stderr
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
@@ -391,7 +391,7 @@ def test_bad_input_one_line_error(tmp_path, args, message):
     running_gcs = subprocess.run(["pgrep", "-f", "gcs_server"], capture_output=True).returncode == 0
     if "auto" in args and "--no-ray" not in args and running_gcs:
         pytest.skip("a Ray cluster is running on this machine, so --ray-address auto would join it")
-    result = run(["--env-id", "CartPole-v1", *args, "--quiet"], tmp_path, timeout=120)
+    result = run(["--env-id", "CartPole-v1", *args, "--quiet"], tmp_path, timeout=SAFETY_NET)
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, run_python, start_python, tensorboard_events
+from tests.conftest import REPO, SAFETY_NET, run_python, start_python, tensorboard_events
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from edits import AUDITED, EDITS, EXPECTED, edited_copy  # noqa: E402
@@ -42,13 +42,13 @@ FLAGS = {
 }
 
 
-def run_both(folder: Path, script: str, args: list[str], timeout: int = 300) -> list[subprocess.CompletedProcess]:
+def run_both(folder: Path, script: str, args: list[str]) -> list[subprocess.CompletedProcess]:
     """The script with the fast paths allowed (run "fast") and with --no-fast-path (run "plain"), side by side."""
     commands = [[*args, "--run-name", "fast"], [*args, "--run-name", "plain", "--no-fast-path"]]
     processes = [start_python(script, command, folder, repo_on_path=False) for command in commands]
     results = []
     for process, command in zip(processes, commands):
-        stdout, stderr = process.communicate(timeout=timeout)
+        stdout, stderr = process.communicate(timeout=SAFETY_NET)
         results.append(subprocess.CompletedProcess(command, process.returncode, stdout, stderr))
     return results
 
@@ -138,7 +138,7 @@ def test_an_edit_trains_as_written_on_both_paths(tmp_path, edit):
         cwd=folder,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=SAFETY_NET,
     )
     assert check.returncode == 0, check.stderr[-3000:]
     acted = json.loads(check.stdout.strip().splitlines()[-1])
@@ -151,7 +151,7 @@ def test_an_edit_trains_as_written_on_both_paths(tmp_path, edit):
 
 def run_once(folder: Path) -> subprocess.CompletedProcess:
     """The edited copy's ppo_continuous.py, once, as a user runs it (run folder runs/r)."""
-    return run_python("ppo_continuous.py", [*RUN, "--run-name", "r"], folder, timeout=300, repo_on_path=False)
+    return run_python("ppo_continuous.py", [*RUN, "--run-name", "r"], folder, timeout=SAFETY_NET, repo_on_path=False)
 
 
 @pytest.mark.slow

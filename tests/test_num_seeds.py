@@ -15,7 +15,16 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import PPO_SCRIPT, REPO, run_ppo, run_python, start_python, tensorboard_events, wait_until_trained
+from tests.conftest import (
+    PPO_SCRIPT,
+    REPO,
+    SAFETY_NET,
+    run_ppo,
+    run_python,
+    start_python,
+    tensorboard_events,
+    wait_until_trained,
+)
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from edits import edited_copy  # noqa: E402
@@ -159,7 +168,7 @@ def test_ctrl_c_checkpoints_every_seed_and_resume_continues_them_all(tmp_path):
     for seed in (1, 2):  # each seed has trained once
         assert wait_until_trained(tmp_path / "runs" / f"c__{seed}", proc), "the run ended before its first update"
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
+    stdout, stderr = proc.communicate(timeout=SAFETY_NET)
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
     steps = []
@@ -189,7 +198,7 @@ def test_num_seeds_is_refused_where_it_does_not_fit(tmp_path):
         (run_ppo(["--num-seeds", "0"], tmp_path), "ppo_continuous.py: error: --num-seeds must be positive, got 0"),
         (run_ppo(["--num-seeds", "2", "--track"], tmp_path), "--track and --num-seeds do not fit together"),
         (
-            run_python(REPO / "dppo_ray.py", ["--num-seeds", "2"], tmp_path, timeout=120),
+            run_python(REPO / "dppo_ray.py", ["--num-seeds", "2"], tmp_path, timeout=SAFETY_NET),
             "dppo_ray.py: error: --num-seeds and --seed-processes are ppo_continuous.py's",
         ),
     ]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import REPO, SMALL, VALUE_FIT, perturbed_agent, run_ppo, run_python, tensorboard_events
+from tests.conftest import REPO, SAFETY_NET, SMALL, VALUE_FIT, perturbed_agent, run_ppo, run_python, tensorboard_events
 
 sys.path.insert(0, str(REPO))
 
@@ -300,7 +300,7 @@ def test_learns_pendulum(tmp_path):
     A random policy scores about -1200; this run reaches about -400 (mean of the last 100 training episodes)."""
     args = ["--env-id", "Pendulum-v1", "--total-timesteps", "102400", "--num-envs", "4", "--num-steps", "1024"]
     args += ["--gamma", "0.9", "--learning-rate", "1e-3", "--run-name", "learn", "--save-model", "--quiet"]
-    result = run_ppo(args, tmp_path, timeout=600)
+    result = run_ppo(args, tmp_path, timeout=SAFETY_NET)
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "runs" / "learn" / "summary.json").read_text())
     assert summary["mean_return_last_episodes"] > -700, summary["mean_return_last_episodes"]

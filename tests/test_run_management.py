@@ -21,6 +21,7 @@ import torch
 from tests.conftest import (
     PPO_SCRIPT,
     REPO,
+    SAFETY_NET,
     SMALL,
     VALUE_FIT,
     run_ppo,
@@ -135,7 +136,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
     run_dir = tmp_path / "runs" / "i"
     assert wait_until_trained(run_dir, proc), "the run ended before its first update"
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=60)
+    stdout, stderr = proc.communicate(timeout=SAFETY_NET)
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr and "Ctrl-C: saving a checkpoint" in stderr
     assert "interrupted at step" in stdout and "continue with: python ppo_continuous.py --resume" in stdout
@@ -182,7 +183,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
 def test_bad_input_one_line_error(tmp_path, args, message):
     if "--track" in args and importlib.util.find_spec("wandb") is not None:
         pytest.skip("wandb is installed here")
-    result = run_ppo(["--env-id", "Pendulum-v1", *args, "--quiet"], tmp_path, timeout=120)
+    result = run_ppo(["--env-id", "Pendulum-v1", *args, "--quiet"], tmp_path, timeout=SAFETY_NET)
     assert result.returncode == 2
     lines = [line for line in result.stderr.strip().splitlines() if line.strip() and "WARNING" not in line]
     assert len(lines) == 1, result.stderr
@@ -204,7 +205,7 @@ def test_mujocos_settotalmass_deprecation_is_not_printed_but_other_warnings_are(
     which a user cannot act on; other MuJoCo warnings still reach stderr, and no MUJOCO_LOG.TXT is written."""
     environment = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=environment
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=SAFETY_NET, env=environment
     )
     assert result.returncode == 0, result.stderr
     assert "settotalmass" not in result.stderr
@@ -224,7 +225,7 @@ def test_capture_video_without_moviepy_is_refused_in_one_line_before_the_run_sta
     (fake / "__init__.py").write_text("raise ImportError('No module named moviepy (simulated)')\n")
     env = {"PYTHONPATH": os.pathsep.join([str(fake.parent), str(REPO)])}
     args = ["--env-id", "Pendulum-v1", "--capture-video", "--quiet", *(["--no-ray"] if script == "dppo_ray.py" else [])]
-    result = run_python(REPO / script, args, tmp_path, timeout=120, env=env)
+    result = run_python(REPO / script, args, tmp_path, timeout=SAFETY_NET, env=env)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr
     assert lines[0].startswith(f"{script}: error: --capture-video needs moviepy") and "(simulated)" in lines[0]
@@ -279,7 +280,7 @@ def test_a_machine_without_a_cpp_compiler_trains_with_the_eager_gradient_after_o
         env=env,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=SAFETY_NET,
     )
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
     lines = [line for line in out.stderr.splitlines() if "compiled gradient" in line]

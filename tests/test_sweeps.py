@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, OwnProcesses, run_python, start_python, wait_until_trained
+from tests.conftest import REPO, SAFETY_NET, OwnProcesses, run_python, start_python, wait_until_trained
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -36,7 +36,7 @@ def learning_args(tmp_path: Path, address: str, *extra: str) -> list[str]:
 
 def run_learning(tmp_path: Path, address: str, *extra: str) -> subprocess.CompletedProcess:
     args = learning_args(tmp_path, address, *extra)
-    return run_python(LEARNING, args, tmp_path, timeout=600, env=PLOTS, repo_on_path=False)
+    return run_python(LEARNING, args, tmp_path, timeout=SAFETY_NET, env=PLOTS, repo_on_path=False)
 
 
 def start_learning(tmp_path: Path, address: str, *extra: str) -> subprocess.Popen:
@@ -159,14 +159,14 @@ def test_a_node_lost_mid_sweep_costs_only_a_retry(tmp_path, monkeypatch):
         output: list[str] = []
         reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
         reader.start()
-        deadline = time.time() + 600  # a safety net, as below
+        deadline = time.time() + SAFETY_NET
         while time.time() < deadline and len(trainers_running("bench/ppo__learning-rate=", cluster)) < 2:
             time.sleep(0.5)
         assert len(trainers_running("bench/ppo__learning-rate=", cluster)) == 2, "".join(output)[-3000:]
         time.sleep(2)  # the trainers are under way on A, the only node with CPUs
         cluster.remove_node(node_a)  # the runs wait for a node with CPUs
         node_b = cluster.add_node(num_cpus=2)
-        proc.wait(timeout=1800)  # a safety net: a loaded machine takes what it takes
+        proc.wait(timeout=SAFETY_NET)
         reader.join(timeout=10)
         text = "".join(output)
         assert proc.returncode == 0, text[-3000:]
@@ -212,9 +212,9 @@ def test_ctrl_c_keeps_finished_runs_and_storage_runs_resume(tmp_path, sigint_ign
     proc = start_learning(tmp_path, cluster.address, *sweep, *long_run)
     interrupted = storage / "runs" / "bench" / LABELS[1] / "Pendulum-v1__1"
     # the signal must find the trainer training: one that came as it started could leave it no step to checkpoint
-    assert wait_until_trained(interrupted, proc, timeout=180), "the interrupted run never trained"
+    assert wait_until_trained(interrupted, proc, timeout=SAFETY_NET), "the interrupted run never trained"
     proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=120)
+    output, _ = proc.communicate(timeout=SAFETY_NET)
     assert proc.returncode != 0
     assert "stopped; " in output and "Traceback" not in output, output[-3000:]
     assert sorted(p.name for p in finished.glob("events.*")) == finished_events, "the finished run is kept as it was"
@@ -297,7 +297,7 @@ def test_final_table_gives_per_seed_finals_sample_std_and_flags_mixed_code_and_v
 def run_local_sweep(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     args = ["--run", "--envs", "Pendulum-v1", "--impls", "ppo", "--seeds", "1"]
     args += ["--num-steps", "512", "--out-dir", str(tmp_path / "out"), *extra]
-    return run_python(LEARNING, args, tmp_path, timeout=600, env=PLOTS, repo_on_path=False)
+    return run_python(LEARNING, args, tmp_path, timeout=SAFETY_NET, env=PLOTS, repo_on_path=False)
 
 
 @pytest.mark.slow
@@ -509,13 +509,13 @@ def test_a_node_lost_with_storage_resumes_the_run_from_its_checkpoint_on_another
         reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
         reader.start()
         folder = storage / "runs" / "bench" / "ppo" / "Pendulum-v1__1"
-        deadline = time.time() + 600  # a safety net, as below
+        deadline = time.time() + SAFETY_NET
         while time.time() < deadline and not (folder / "checkpoint.pt").is_file():
             time.sleep(0.5)
         assert (folder / "checkpoint.pt").is_file(), "".join(output)[-3000:]
         cluster.remove_node(node_a)
         node_b = cluster.add_node(num_cpus=1)
-        proc.wait(timeout=1800)  # a safety net: a loaded machine takes what it takes
+        proc.wait(timeout=SAFETY_NET)
         reader.join(timeout=10)
         text = "".join(output)
         assert proc.returncode == 0, text[-3000:]
