@@ -319,7 +319,7 @@ def compile_for(function, agent: nn.Module):
 
 def recompile_reason(function) -> str:
     """What made dynamo compile `function` again, in the user's names: the failed guard of its newest graph, such as
-    "agent.calls (the graph holds it as the constant 2)" for a counter on the Agent."""
+    "agent.calls (the newest graph holds it as the constant 2)" for a counter on the Agent."""
     from torch._dynamo.utils import guard_failures
 
     newest = max(
