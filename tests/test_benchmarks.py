@@ -405,7 +405,7 @@ def test_learning_jobs_run_side_by_side_and_a_failure_does_not_stop_the_others(t
     from learning import run_jobs
 
     # the first job waits until the second has written its file, so it passes only if both run at once
-    wait = f"import os, time\nend = time.time() + 600\nwhile not os.path.exists({str(tmp_path / 'b')!r}):\n"
+    wait = f"import os, time\nend = time.time() + {SAFETY_NET}\nwhile not os.path.exists({str(tmp_path / 'b')!r}):\n"
     wait += "    time.sleep(0.05)\n    if time.time() > end: raise SystemExit('b never ran beside me')\nopen('a', 'w')"
     jobs = [("a", ["-c", wait]), ("b", ["-c", "open('b', 'w')"]), ("bad", ["-c", "raise SystemExit(3)"])]
     jobs += [("c", ["-c", "open('c', 'w')"])]
