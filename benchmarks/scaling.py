@@ -8,7 +8,9 @@
 
 Every run is dppo_ray.py in async mode with one env per actor and the same per-actor rollout, minibatch size and
 epochs, so the batch grows with the actors. Throughput is measured in steady state, from the learner's first update
-to its last (actor start-up excluded), from the TensorBoard event times; the whole-run rate is reported beside it.
+to its last (actor start-up excluded), from the TensorBoard event times; the whole-run rate is reported beside it,
+and so is start-up: the seconds from the process's start (Ray, the learner, the actors' processes and envs, the first
+rollouts, the first update and its compile) to the learner's first logged update.
 Writes <out-dir>/scaling.md and <out-dir>/scaling.png. The default <out-dir> is a new folder
 benchmarks/results/local/<UTC date-time>/, which git ignores; --update-committed writes into benchmarks/results/.
 """
@@ -41,7 +43,9 @@ from common import (
 LATENCY_ENV = "benchmarks.envs:SlowPendulum-v1"
 
 
-def steady_state_rate(run_dir: str) -> float:
+def update_times(run_dir: str) -> tuple[float, float]:
+    """The steady-state rate (env steps/s from the learner's first logged update to its last) and the wall-clock time
+    of the first logged update."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(run_dir, size_guidance={"scalars": 0})
@@ -49,7 +53,7 @@ def steady_state_rate(run_dir: str) -> float:
     events = acc.Scalars("losses/approx_kl")
     if len(events) < 3:
         raise SystemExit(f"scaling.py: error: too few updates in {run_dir} to measure a steady state")
-    return (events[-1].step - events[0].step) / (events[-1].wall_time - events[0].wall_time)
+    return (events[-1].step - events[0].step) / (events[-1].wall_time - events[0].wall_time), events[0].wall_time
 
 
 def run_dppo(env_id: str, actors: int, cfg: argparse.Namespace) -> dict:
@@ -61,12 +65,19 @@ def run_dppo(env_id: str, actors: int, cfg: argparse.Namespace) -> dict:
     argv += [f"--num-minibatches={actors}", "--update-epochs=4", f"--total-timesteps={total}"]
     argv += [f"--actor-cpus={actor_cpus:g}", "--max-policy-lag=4", "--no-cuda", "--quiet", "--run-name=s"]
     with tempfile.TemporaryDirectory(prefix="scaling_") as cwd:
+        started = time.time()
         _, seconds = timed_subprocess(f"dppo with {actors} actors", argv, cwd)
         with open(os.path.join(cwd, "runs", "s", "summary.json")) as f:
             summary = json.load(f)
-        steady = steady_state_rate(os.path.join(cwd, "runs", "s"))
+        steady, first_update = update_times(os.path.join(cwd, "runs", "s"))
     steps = summary["env_steps"]
-    return {"steady": steady, "whole": steps / seconds, "steps": steps, "actor_cpus": actor_cpus}
+    return {
+        "steady": steady,
+        "whole": steps / seconds,
+        "steps": steps,
+        "actor_cpus": actor_cpus,
+        "first_update": first_update - started,
+    }
 
 
 def run_rllib(python: str, env_id: str, runners: int, cfg: argparse.Namespace) -> dict:
@@ -143,8 +154,9 @@ def scaling_table(rows: list[dict], cfg: argparse.Namespace, command: str) -> li
         f"Machine: {os.cpu_count()} cores ({cpu_model()}), no GPU  ",
         f"Per actor: 1 env, {cfg.num_steps}-step rollouts; minibatch {cfg.num_steps}; 4 epochs; async mode.",
         "",
-        "| env | impl | actors | steady-state env steps/s | whole-run env steps/s | speed-up | efficiency vs linear |",
-        "|---|---|--:|--:|--:|--:|--:|",
+        "| env | impl | actors | steady-state env steps/s | whole-run env steps/s | speed-up | efficiency vs linear "
+        "| first update, s |",
+        "|---|---|--:|--:|--:|--:|--:|--:|",
     ]
     for row in rows:
         base = next(
@@ -154,9 +166,14 @@ def scaling_table(rows: list[dict], cfg: argparse.Namespace, command: str) -> li
         efficiency = speedup / (row["actors"] / base["actors"])
         lines.append(
             f"| {row['env']} | {row['impl']} | {row['actors']} | {row['steady']:,.0f} | {row['whole']:,.0f} | "
-            f"{speedup:.2f}x | {efficiency:.0%} |"
+            f"{speedup:.2f}x | {efficiency:.0%} | {first_update_cell(row)} |"
         )
     return lines
+
+
+def first_update_cell(row: dict) -> str:
+    """Seconds from the process's start to the learner's first logged update (dppo); RLlib logs no event to time."""
+    return f"{row['first_update']:.1f}" if "first_update" in row else "—"
 
 
 def plot_scaling(rows: list[dict], envs: list[str], path: str) -> None:

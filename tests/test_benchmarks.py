@@ -61,6 +61,12 @@ def test_quick_mode_writes_table_and_plot(tmp_path, script, name, rows):
     assert sorted(p.name for p in tmp_path.iterdir()) == expected, "nothing else left behind"
     if name == "learning":  # one checkout trained every row (SB3's run records its own script, not a version of ours)
         assert "Mixed" not in table and "Ran on Python" in table and "Runs' code: commit" in table, table
+    if name == "scaling":  # each run's start-up: a first update after the process started, before the run ended
+        for line in (row for row in table.splitlines() if "| dppo |" in row):
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            actors, whole_rate = int(cells[2]), float(cells[4].replace(",", ""))
+            most_steps = actors * 64 * 6 * 2  # 6 updates of 64-step rollouts, each actor's stale ones counted too
+            assert 0 < float(cells[7]) < most_steps / whole_rate, line
 
 
 # ---------------------------------------------------------------------------------------------------------------------
