@@ -101,11 +101,15 @@ def main() -> None:
             shutil.rmtree(cache_dir, ignore_errors=True)
     import torch
 
+    from common import display_command
+    from throughput_report import git_commit
+
     lines = [
-        "`" + " ".join(["python benchmarks/startup.py", *sys.argv[1:]]) + "`",
+        "`" + display_command([os.path.join(REPO, "benchmarks", "startup.py"), *sys.argv[1:]]) + "`",
         "",
         f"{cfg.env_id}, {cfg.total_timesteps} steps, {cfg.rounds} rounds; {machine()}; Python "
-        f"{platform.python_version()}, torch {torch.__version__}; script {os.path.basename(cfg.script)}",
+        f"{platform.python_version()}, torch {torch.__version__}; script {os.path.basename(cfg.script)}; repo at "
+        f"{git_commit()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         "",
         "| mode | wall s (median) | least | most | CPU s (median, with children) | peak MiB | each round |",
         "|---|---|---|---|---|---|---|",

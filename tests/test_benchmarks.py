@@ -489,5 +489,8 @@ def test_startup_times_each_mode_as_a_whole_process_and_refuses_a_missing_script
     row = next(line for line in out.read_text().splitlines() if line.startswith("| no-compile |"))
     wall, least, most, cpu, peak = (float(cell) for cell in row.split("|")[2:7])
     assert 0 < least == wall == most and cpu > 0 and peak > 100, row  # torch alone takes more than 100 MiB
+    table = out.read_text()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    assert f"repo at {commit.strip()}" in table and "--out .../startup.md" in table, table  # no path of this machine
     missing = run_python(REPO / "benchmarks" / "startup.py", ["--script", str(tmp_path / "nope.py")], tmp_path)
     assert missing.returncode == 2 and f"no script at {tmp_path / 'nope.py'}" in missing.stderr, missing.stderr
