@@ -100,7 +100,6 @@ def main() -> None:
         finally:
             shutil.rmtree(cache_dir, ignore_errors=True)
     import torch
-
     from common import display_command
     from throughput_report import git_commit
 
