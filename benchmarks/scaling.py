@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import sys
 import tempfile
 import time
@@ -32,6 +33,7 @@ from common import (
     cpu_model,
     display_command,
     json_result,
+    package_version,
     pyplot,
     relative_to_cwd,
     resolve_out_dir,
@@ -39,6 +41,7 @@ from common import (
     venv_python,
     venvs_epilog,
 )
+from throughput_report import git_commit
 
 LATENCY_ENV = "benchmarks.envs:SlowPendulum-v1"
 
@@ -152,6 +155,8 @@ def scaling_table(rows: list[dict], cfg: argparse.Namespace, command: str) -> li
         f"Command: `{command}`  ",
         f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",
         f"Machine: {os.cpu_count()} cores ({cpu_model()}), no GPU  ",
+        f"Versions: Python {platform.python_version()}, ray {package_version('ray')}, torch "
+        f"{package_version('torch')}; repo at {git_commit()}  ",
         f"Per actor: 1 env, {cfg.num_steps}-step rollouts; minibatch {cfg.num_steps}; 4 epochs; async mode.",
         "",
         "| env | impl | actors | steady-state env steps/s | whole-run env steps/s | speed-up | efficiency vs linear "

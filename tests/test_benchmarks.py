@@ -61,7 +61,8 @@ def test_quick_mode_writes_table_and_plot(tmp_path, script, name, rows):
     assert sorted(p.name for p in tmp_path.iterdir()) == expected, "nothing else left behind"
     if name == "learning":  # one checkout trained every row (SB3's run records its own script, not a version of ours)
         assert "Mixed" not in table and "Ran on Python" in table and "Runs' code: commit" in table, table
-    if name == "scaling":  # each run's start-up: a first update after the process started, before the run ended
+    if name == "scaling":  # the code it measured, and each run's start-up: a first update before the run ended
+        assert "repo at " in table and "ray " in table, table
         for line in (row for row in table.splitlines() if "| dppo |" in row):
             cells = [cell.strip() for cell in line.strip("|").split("|")]
             actors, whole_rate = int(cells[2]), float(cells[4].replace(",", ""))
