@@ -270,11 +270,7 @@ def compile_blockers(agent: nn.Module) -> str | None:
     """Why the compiled gradient (the gradient function traced into a graph of its own) would not compute what the
     same function computes run eagerly through the live Agent, in words; None when it would. Checked before every
     update, so a hook registered during the run counts from the next one."""
-    hooked = [
-        name
-        for name, p in agent.named_parameters()
-        if p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None)
-    ]
+    hooked = [name for name, p in agent.named_parameters() if p._backward_hooks]
     if hooked:
         return f"a gradient hook on {hooked[0]} (a compiled graph does not run it)"
     for name, module in agent.named_modules():

@@ -40,7 +40,15 @@ import torch
 
 from checkpoints import SPEAKER, UsageError, load_checkpoint, resume_checkpoint
 from fast_paths import DoesNotFit, NumpyActor, StackedNumpyActor, failure, say
-from run_management import PROG, BadBatchError, TrainingLoop, run_folder, say_rounded_timesteps, seed_everything
+from run_management import (
+    PROG,
+    BadBatchError,
+    StopRun,
+    TrainingLoop,
+    run_folder,
+    say_rounded_timesteps,
+    seed_everything,
+)
 
 
 class SamplerFailed(Exception):
@@ -598,7 +606,7 @@ def train_seeds(script, args, starts: list, samplers: list[SeedSampler], turns: 
             except BadBatchError as e:
                 statuses[k] = "stopped_by_guard"
                 say(f"error: {e}; the last good checkpoint stays in {run.run_dir}")
-            except SamplerFailed as e:
+            except (SamplerFailed, StopRun) as e:  # its env, or a hook its gradient cannot run: that seed stops
                 statuses[k] = "failed"
                 checkpoint = os.path.join(run.run_dir, "checkpoint.pt")
                 say(f"error: stopped: {e}; continue it with --resume {checkpoint}")

@@ -47,6 +47,7 @@ from fast_paths import FastPaths, NumpyActor, audit_acting, choose_paths, compil
 from run_management import (
     PROG,
     Monitor,
+    StopRun,
     TrainingLoop,
     check_run_flags,
     cli,
@@ -714,9 +715,26 @@ def compiled_gradient(agent: Agent, fast: FastPaths):
     return compiled_step(gradient_step, clipped_gradient, agent, fast)
 
 
+def unrun_hook(learner: Learner) -> str | None:
+    """A post-accumulate-grad hook on a trained tensor, in words: loss.backward() would run it, but the gradient here is
+    taken with torch.autograd.grad, which accumulates nothing and so runs none. None when there is none."""
+    names = {id(p): name for name, p in learner.agent.named_parameters()}
+    for tensor in trained_tensors(learner):
+        if getattr(tensor, "_post_accumulate_grad_hooks", None):
+            return (
+                f"a post-accumulate-grad hook on {names.get(id(tensor), 'a tensor the optimizer holds')} would never "
+                f"run: the gradient is taken with torch.autograd.grad (Tensor.register_hook runs, before the clip)"
+            )
+    return None
+
+
 def update_gradient(learner: Learner, iteration: int):
     """This update's gradient function: the compiled one while nothing in the Agent stops it (checked before every
-    update, so a hook registered during the run counts from the next), else eager_gradient."""
+    update, so a hook registered during the run counts from the next), else eager_gradient. A hook that neither runs
+    stops the run before the update (StopRun: its checkpoint is whole)."""
+    hook = unrun_hook(learner)
+    if hook:
+        raise StopRun(hook)
     fast = learner.fast
     fast.iteration = iteration
     if fast.compiled is not None:
@@ -907,6 +925,8 @@ def train(args: Args) -> int:
     with TrainingLoop(run.run_dir) as loop:
         training_loop(run, loop)
     eval_failed = end_run(run, loop.status, loop.keeps_state)
+    if loop.error:  # what stopped the run (StopRun), as its last line
+        print(f"{PROG}: error: {loop.error}", file=sys.stderr)
     return loop.exit_status() or eval_failed
 
 

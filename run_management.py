@@ -75,8 +75,9 @@ class BadBatchError(Exception):
 
 
 class StopRun(Exception):
-    """Something outside the learner (an env that keeps crashing or hanging, an actor that will not come back) ends the
-    run between two updates: the learner's state is whole, so it is saved, and the message is the run's last line."""
+    """Something outside the learner (an env that keeps crashing or hanging, an actor that will not come back), or a
+    hook the gradient cannot run, ends the run between two updates: the learner's state is whole, so it is saved, and
+    the message is the run's last line."""
 
 
 def mujoco_warning(message: str) -> None:

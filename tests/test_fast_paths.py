@@ -302,6 +302,47 @@ def test_a_hook_registered_during_the_run_moves_the_next_update_to_the_eager_gra
     assert "a gradient hook on actor_logstd" in lines[0]
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("where", ["critic.2.weight", "a tensor the optimizer holds"])
+def test_a_post_accumulate_grad_hook_stops_the_run_before_the_update_with_one_line_naming_it(compiled, where):
+    """torch.autograd.grad accumulates nothing, so neither gradient path could run a post-accumulate-grad hook: one on
+    a trained tensor (an Agent's parameter, or a tensor only the optimizer holds) stops the run before the update, which
+    trains nothing; a hook registered during the run stops the update after it."""
+    agent = perturbed_agent(5, 2)
+    learner, args = learner_with(agent, compile=compiled)
+    _, problem = ppo_continuous.ppo_update(learner, random_batch(256, 5, 2), args, SETTINGS, 1)
+    assert problem is None
+    tensor = agent.critic[2].weight
+    if where != "critic.2.weight":
+        tensor = torch.zeros(3, requires_grad=True)
+        learner.optimizer.add_param_group({"params": [tensor]})
+    tensor.register_post_accumulate_grad_hook(lambda t: None)
+    before = [p.detach().clone() for p in agent.parameters()]
+    steps = int(learner.optimizer.state[agent.critic[2].weight]["step"])
+    with pytest.raises(run_management.StopRun) as stop:
+        ppo_continuous.ppo_update(learner, random_batch(256, 5, 2, seed=1), args, SETTINGS, 2)
+    assert str(stop.value) == (
+        f"a post-accumulate-grad hook on {where} would never run: the gradient is taken with torch.autograd.grad "
+        "(Tensor.register_hook runs, before the clip)"
+    )
+    assert all(torch.equal(p, q) for p, q in zip(agent.parameters(), before))
+    assert int(learner.optimizer.state[agent.critic[2].weight]["step"]) == steps
+
+
+def test_a_gradient_hook_runs_on_every_minibatch_of_the_eager_gradient():
+    """What the post-accumulate-grad hook's line points to: Tensor.register_hook runs inside torch.autograd.grad, once
+    a minibatch, on the gradient before the clip, and what it returns is the gradient trained on."""
+    agent = perturbed_agent(5, 2)
+    learner, args = learner_with(agent)
+    seen = []
+    agent.critic[2].weight.register_hook(lambda g: seen.append(g.norm()) or g * 0.0)
+    weight = agent.critic[2].weight.detach().clone()
+    _, problem = ppo_continuous.ppo_update(learner, random_batch(256, 5, 2), args, SETTINGS, 1)
+    assert problem is None and learner.fast.compiled is None  # a gradient hook: the eager gradient
+    assert len(seen) == args.update_epochs * args.num_minibatches and all(norm > 0 for norm in seen)
+    assert torch.equal(agent.critic[2].weight, weight), "a zero gradient: Adam's first steps leave the weight as it was"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("decoupled", [False, True])
 def test_the_compiled_gradient_steps_as_the_eager_one_over_ten_minibatches(decoupled):

@@ -316,3 +316,28 @@ def test_code_version_hashes_the_modules_a_run_imported_and_not_a_scratch_file_b
     after = run_management.code_version(env_id="my_envs_module:Thing-v0")
     assert after["modules"]["my_envs_module"]["sha256"] != before["modules"]["my_envs_module"]["sha256"]
     assert after["scripts_sha256"] != before["scripts_sha256"]
+
+
+@pytest.mark.parametrize("num_seeds", [1, 2])
+def test_a_post_accumulate_grad_hook_in_an_edited_agent_stops_the_run_with_its_checkpoint_and_one_line(
+    tmp_path, num_seeds
+):
+    """An edited copy whose Agent registers a post-accumulate-grad hook, which torch.autograd.grad never runs: the first
+    update does not train, the run (each seed) stops with its checkpoint and a line naming the hook, exit status 1."""
+    source = (REPO / "ppo_continuous.py").read_text()
+    line = "        self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))\n"
+    assert line in source
+    hook = "        self.actor_logstd.register_post_accumulate_grad_hook(lambda p: None)\n"
+    (tmp_path / "my_ppo.py").write_text(source.replace(line, line + hook))
+    args = ["--env-id", "Pendulum-v1", "--total-timesteps", "4096", "--num-seeds", str(num_seeds), "--quiet"]
+    result = run_python(tmp_path / "my_ppo.py", [*args, "--run-name", "h"], tmp_path)
+    assert result.returncode == 1, result.stderr[-2000:]
+    said = "a post-accumulate-grad hook on actor_logstd would never run: the gradient is taken with torch.autograd.grad"
+    errors = [line for line in result.stderr.splitlines() if said in line]
+    assert len(errors) == num_seeds and "Traceback" not in result.stderr, result.stderr
+    folders = [tmp_path / "runs" / "h"] if num_seeds == 1 else sorted((tmp_path / "runs").glob("h*"))
+    assert len(folders) == num_seeds
+    for folder in folders:
+        summary = json.loads((folder / "summary.json").read_text())
+        assert summary["status"] == "failed" and summary["env_steps"] == 2048, summary  # one rollout, not trained
+        assert (folder / "checkpoint.pt").is_file()
