@@ -8,7 +8,6 @@ edited copy of ppo_continuous.py loads and evaluates with its own network.
 
 from __future__ import annotations
 
-import contextvars
 import copy
 import dataclasses
 import inspect
@@ -33,13 +32,6 @@ class UsageError(Exception):
 
 # The running script's name, for its one-line messages (ppo_continuous.py when not run as a script)
 PROG = os.path.basename(sys.argv[0]) if sys.argv[0].endswith(".py") else "ppo_continuous.py"
-# Who a run's lines on stderr speak for: with --num-seeds, the seed (many_seeds.py sets it in each seed's context)
-SPEAKER: contextvars.ContextVar[str] = contextvars.ContextVar("speaker", default="")
-
-
-def speaker() -> str:
-    """The start of a run's line on stderr: the script's name, and the seed it concerns when several train."""
-    return f"{PROG}: {SPEAKER.get()}"
 
 
 def unwrapped(agent):
@@ -191,6 +183,7 @@ MACHINE_FLAGS = {
     "fast_path",
     "compile",
     "seed_processes",
+    "ray_address",
 }
 RUN_LENGTH_FLAGS = {
     "total_timesteps",
@@ -201,7 +194,7 @@ RUN_LENGTH_FLAGS = {
     "upload_model",
     "hf_entity",
     "guard_patience",
-    "num_seeds",  # --resume resumes every seed of a --num-seeds run; --num-seeds 1 only the one named
+    "num_seeds",  # many_seeds.py: --resume with --num-seeds N carries on N seeds of a launch
 }
 COMPUTED_FLAGS = {"batch_size", "minibatch_size", "num_iterations"}
 

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from checkpoints import agent_attributes, speaker, unwrapped
+from checkpoints import PROG, agent_attributes, unwrapped
 from gae import LOG_SQRT_2PI
 
 # A mirror matches when each value it computes differs from the plain path's by at most this fraction of that value's
@@ -46,8 +46,8 @@ RANDOM_LAYERS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaD
 
 def say(line: str) -> None:
     """One line on stderr under the running script's name: why a fast path stepped aside, and the training script's
-    other notes (a seed that stopped, an attribute the samplers' copies do not carry)."""
-    tqdm.write(f"{speaker()}{line}", file=sys.stderr)  # above a progress bar, not inside it
+    other notes (an attribute the samplers' copies do not carry)."""
+    tqdm.write(f"{PROG}: {line}", file=sys.stderr)  # above a progress bar, not inside it
 
 
 def failure(e: BaseException) -> str:
@@ -139,49 +139,6 @@ class NumpyActor:
         """Log-probabilities of the actions `act` drew (any leading shape). They follow from the noise alone, so a
         rollout computes them once, after its loop."""
         return -0.5 * (noise * noise).sum(axis=-1) - self.logprob_offset
-
-
-# The layers a stacked actor applies to all seeds' activations at once: elementwise, the same function for every seed.
-ELEMENTWISE_LAYERS = (nn.Tanh, nn.ReLU, nn.LeakyReLU, nn.ELU, nn.SiLU, nn.Sigmoid, nn.Identity)
-
-
-class StackedNumpyActor:
-    """The NumpyActors of several seeds (a --num-seeds sampler process's) acting as one: each Linear layer's weights
-    stacked over the seeds and applied in one batched matmul, so that a step of all the seeds costs little more than
-    a step of one. Each seed's actions are audited against its own TorchActor on the data they were taken with
-    (audit_acting), as a NumpyActor's are. Only the layers NumpyActor mirrors in numpy stack (Linear and the
-    elementwise ones, alike in every seed); otherwise DoesNotFit, and each seed acts with its own NumpyActor."""
-
-    def __init__(self, agents: list[nn.Module], actors: list[NumpyActor]):
-        nets = [agent.actor_mean for agent in agents]
-        if len({len(net) for net in nets}) != 1:
-            raise DoesNotFit("the seeds' actor nets have different numbers of layers")
-        self.layers = [stacked_layer(modules) for modules in zip(*nets)]
-        self.std = np.stack([actor.std for actor in actors])[:, None, :]
-
-    def act(self, obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
-        """Actions for observations (seeds, envs, obs_dim), drawn with noise (seeds, envs, action_dim)."""
-        for layer in self.layers:
-            obs = layer(obs)
-        return obs + self.std * noise
-
-
-def stacked_layer(modules: tuple[nn.Module, ...]):
-    """One layer of every seed's actor net as a numpy function of the stacked activations (seeds, rows, features)."""
-    first = modules[0]
-    if all(type(module) is nn.Linear for module in modules):
-        weight = np.stack([module.weight.detach().cpu().numpy().T for module in modules])
-        if all(module.bias is None for module in modules):
-            return lambda x: np.matmul(x, weight)
-        if any(module.bias is None for module in modules):
-            raise DoesNotFit("a Linear layer has a bias in some seeds only")
-        bias = np.stack([module.bias.detach().cpu().numpy() for module in modules])[:, None, :]
-        return lambda x: np.matmul(x, weight) + bias
-    if type(first) in ELEMENTWISE_LAYERS and all(
-        type(module) is type(first) and repr(module) == repr(first) for module in modules
-    ):
-        return numpy_layer(first)
-    raise DoesNotFit(f"{type(first).__name__} layers do not stack over the seeds")
 
 
 def perturbed_copy(agent: nn.Module) -> nn.Module:
@@ -303,7 +260,8 @@ def compile_for(function, agent: nn.Module):
     # On the CPU the graph's kernels are called from generated C++ rather than a Python wrapper (per call that is most
     # of the graph's overhead at a minibatch of 64); elsewhere inductor's default wrapper.
     on_cpu = all(p.device.type == "cpu" for p in agent.parameters())
-    # isolate_recompiles: the recompiles of this call (this seed's Agent) are counted apart from other calls'
+    # isolate_recompiles: the recompiles of this call (this Agent's) are counted apart from other calls' (another
+    # Agent compiled in the same process, as a test or a notebook may)
     return torch.compile(
         function,
         fullgraph=True,

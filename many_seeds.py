@@ -1,646 +1,956 @@
-"""--num-seeds N: N seeds of the training script in one process, each trained as its single run.
+"""--num-seeds N: N single runs of the training script, each a process of its own.
 
-    python ppo_continuous.py --num-seeds 4      # seeds 1..4 in runs/<run-name>__1 .. __4
-    python my_ppo.py --num-seeds 4              # a researcher's copy: its own code in every seed
+    python ppo_continuous.py --num-seeds 4                          # seeds 1..4 in runs/<run-name>__1 .. __4
+    python my_ppo.py --num-seeds 4                                  # a researcher's copy launches itself
+    python ppo_continuous.py --num-seeds 8 --ray-address auto       # over a Ray cluster; the folders come home
+    python ppo_continuous.py --resume runs/<run-name>__1/checkpoint.pt --num-seeds 4     # every seed carries on
 
-The script hands this module itself (`script`), as it hands itself to checkpoints.load_policy: every seed runs the
-script's own `training_loop`, and so its `ppo_update`, `make_learner`, `Agent` and loss. An edit of the script (or of
-gae.py) reaches every seed, and a copy of the script runs its own code. This file adds only what several seeds in one
-process need:
+Seed k is the command `python <script> <the same flags> --seed=k --run-name=<run-name>__k`, which its run.json
+records: the script as it was invoked (an edited copy launches itself), in a process of its own, so each seed is its
+single run bit for bit, whatever state the code keeps (module globals, caches, random generators, torch's settings).
+At most --seed-processes run at once (default: the cores this process may use); the next starts as one ends.
 
-- **Turns.** Each seed's loop runs in a thread of its own, one at a time: a seed keeps the turn until it waits for a
-  rollout. Each seed draws from random streams of its own (torch's, numpy's and Python's global generators), swapped in
-  whenever it takes the turn, so that its shuffles, a Dropout or a random op in the loss draw as its single run would.
-- **Sampler processes.** The seeds' envs step in other processes (`--seed-processes`, by default one per core, at most
-  one per seed), seed k in process k mod their number, so that some seeds sample while others update. A process's
-  seeds step their envs in lockstep and act in one stacked numpy forward where their actor nets stack
-  (StackedNumpyActor); each seed's actions are audited against its own TorchActor, as a single run's are.
-- **Per-seed runs.** Each seed writes what its single run writes (runs/<run-name>__<seed>), its run.json records its
-  single run's command, and its checkpoints list every seed's, for --resume. A seed whose env fails, or whose guard
-  stops it, stops alone with its line; Ctrl-C or SIGTERM stops every seed after its iteration, each with a checkpoint.
+While they run: one progress line for all seeds, each seed's lines on stderr behind "seed k: ", each seed's whole
+output in its folder (output.log). At the end: a table of every seed's final return, their mean, std and Student's t
+interval, and the TensorBoard command that overlays them. Ctrl-C or SIGTERM is passed on once to every running seed
+(each saves a checkpoint after its iteration) and no new seed starts; a second signal is passed on too (they quit at
+once). A seed that fails stops alone with its line; the closing lines and the exit status say which.
 
-This file imports nothing of the script: the script is handed in, so the house stays one-way.
+With --ray-address, each seed is a Ray task on the cluster's nodes (run_on_cluster, the way benchmarks/learning.py
+runs its sweeps: one way to launch runs in the repository), its folder packed on the node and unpacked here.
+
+This module imports only the standard library (tqdm and ray where they are used), and the script calls it before its
+own imports: the launcher never imports torch.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
-import contextvars
-import multiprocessing
+import glob
+import io
+import json
+import math
 import os
 import queue
-import random
+import shutil
+import signal
+import socket
+import subprocess
 import sys
+import tarfile
+import tempfile
 import threading
 import time
-from dataclasses import replace
+import uuid
+from dataclasses import dataclass, field
 
-import numpy as np
-import torch
-
-from checkpoints import SPEAKER, UsageError, load_checkpoint, resume_checkpoint
-from fast_paths import DoesNotFit, NumpyActor, StackedNumpyActor, failure, say
-from run_management import (
-    PROG,
-    BadBatchError,
-    StopRun,
-    TrainingLoop,
-    run_folder,
-    say_rounded_timesteps,
-    seed_everything,
-)
+# The launcher's own flags: what makes the seeds differ, and how they are run. Every other flag goes to every seed.
+LAUNCHER_FLAGS = ("--num-seeds", "--seed-processes", "--ray-address", "--seed", "--run-name", "--resume")
+# The file descriptor a seed writes its progress to (Monitor, in run_management.py), as "<step> <total> <return>".
+PROGRESS_FD = "PPO_PROGRESS_FD"
 
 
-class SamplerFailed(Exception):
-    """A seed's sampler failed (its env raised, or its process died); the message says how, in one line."""
+class LaunchError(Exception):
+    """Flags or folders that do not fit: one line, exit status 2."""
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Turns: one seed runs at a time, on its own random streams
+# The command line: which seeds, and each one's flags
 # ---------------------------------------------------------------------------------------------------------------------
-class RandomStreams:
-    """The global random generators' states of one seed: torch's (and CUDA's), numpy's and Python's; made from the
-    states they have now."""
-
-    def __init__(self):
-        self.save()
-
-    def save(self) -> None:
-        self.torch_state, self.cuda_states = torch.get_rng_state(), cuda_states()
-        self.numpy_state, self.python_state = np.random.get_state(), random.getstate()  # noqa: NPY002
-
-    def restore(self) -> None:
-        torch.set_rng_state(self.torch_state)
-        np.random.set_state(self.numpy_state)  # noqa: NPY002
-        random.setstate(self.python_state)
-        if self.cuda_states:
-            torch.cuda.set_rng_state_all(self.cuda_states)
-
-
-def cuda_states() -> list:
-    return torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else []
-
-
-class Turns:
-    """The seeds' threads take turns: one runs at a time, with its own random streams in the global generators."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.local = threading.local()  # the streams of the seed this thread runs
-
-    @contextlib.contextmanager
-    def turn(self, streams: RandomStreams):
-        """Run what follows as this seed, once no other seed runs."""
-        self.lock.acquire()
-        self.local.streams = streams
-        streams.restore()
-        try:
-            yield
-        finally:
-            streams.save()
-            self.lock.release()
-
-    @contextlib.contextmanager
-    def waiting(self):
-        """Inside a turn: give the turn to the other seeds while this one waits."""
-        streams = self.local.streams
-        streams.save()
-        self.lock.release()
-        try:
-            yield
-        finally:
-            self.lock.acquire()
-            streams.restore()
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Sampler processes: each steps the envs of some seeds, in lockstep
-# ---------------------------------------------------------------------------------------------------------------------
-def sampler_process(conn, sampler_class, starts: list[tuple[int, object, int, str]]) -> None:
-    """A sampler process: it builds the Samplers of its seeds ((index, flags, env seed, video folder) each) with the
-    script's Sampler class, then serves ("rollouts", None, ({index: weights}, num_steps)), ("warm_up", index, steps)
-    and ("rng_state", index, state) in order until ("close", ...) or the end of its pipe. Each answer is (index,
-    result, error line or None, rng state), one per seed."""
-    import signal
-
-    for signum in (signal.SIGINT, signal.SIGTERM):  # the training process's to handle: it stops after the iteration
-        signal.signal(signum, signal.SIG_IGN)  # and closes this process (which exits too when its pipe closes)
-    torch.set_num_threads(starts[0][1].torch_threads)
-    seed_everything(replace(starts[0][1], seed=starts[0][2]))  # an env that draws from a global generator: seeded
-    samplers = {}
-    try:
-        for index, args, seed, video_dir in starts:
-            samplers[index] = sampler_class(args.env_id, args.num_envs, seed, args, video_dir)
-    except Exception as e:  # noqa: BLE001 (said by the training process, in one line)
-        conn.send((None, None, str(e) if isinstance(e, UsageError) else failure(e), None))
-        return
-    described = {i: (s.spaces, s.action_space, s.obs_layout, s.rng_state) for i, s in samplers.items()}
-    conn.send((None, described, None, None))
-    # Answers go out from a thread: a rollout is larger than the pipe's buffer, and its send waits until the training
-    # process reads it; the next rollout must not wait for that.
-    outbox: queue.Queue = queue.Queue()
-    threading.Thread(target=send_all, args=(conn, outbox), daemon=True).start()
-    while True:
-        try:
-            command, index, payload = conn.recv()
-        except (EOFError, OSError):
-            command = "close"
-        if command == "close":
-            for sampler in samplers.values():  # a video being recorded is finished
-                with contextlib.suppress(Exception):
-                    sampler.close()
-            return
-        if command == "rollouts":
-            serve_rollouts(samplers, *payload, outbox)
-            continue
-        sampler = samplers[index]
-        try:
-            if command == "warm_up":
-                result = sampler.warm_up(payload)
-            else:
-                sampler.rng_state, result = payload, None
-            outbox.put((index, result, None, sampler.rng_state))
-        except Exception as e:  # noqa: BLE001 (that seed's env failed: it stops, this process serves the others)
-            outbox.put((index, None, failure(e), None))
-
-
-def serve_rollouts(samplers: dict, weights: dict[int, dict], num_steps: int, outbox: queue.Queue) -> None:
-    """A rollout of each seed in `weights` (its policy's), in lockstep; an answer for each seed, a failure its own."""
-    order = sorted(weights)  # the seeds stack in one order, whichever asked first
-    try:
-        for index in order:
-            samplers[index].set_policy(weights[index])
-        results = rollouts_in_lockstep([samplers[index] for index in order], num_steps)
-    except Exception as e:  # noqa: BLE001 (not an env's: every seed of the call fails with it)
-        results = [e] * len(order)
-    for index, result in zip(order, results):
-        if isinstance(result, Exception):
-            outbox.put((index, None, failure(result), None))
-        else:
-            outbox.put((index, result, None, samplers[index].rng_state))
-
-
-def send_all(conn, outbox: queue.Queue) -> None:
-    """Send what comes into `outbox`, in order, until the pipe closes. An answer that cannot be sent (a result that
-    does not pickle) goes out as its seed's error, so that no seed waits for it forever."""
-    while True:
-        answer = outbox.get()
-        try:
-            conn.send(answer)
-        except (BrokenPipeError, OSError):
-            return
-        except Exception as e:  # noqa: BLE001 (that seed's answer, as an error line)
-            try:
-                conn.send((answer[0], None, f"its rollout could not be sent ({failure(e)})", None))
-            except (BrokenPipeError, OSError):
-                return
-
-
-class SamplerProcess:
-    """A sampler process as the training process sees it: its pipe, the seeds it still steps, and their answers (read
-    by a thread of its own, so that a seed waiting for its rollout gives the turn to the others)."""
-
-    def __init__(self, conn, process, turns: Turns):
-        self.conn, self.process, self.turns = conn, process, turns
-        self.members: set[int] = set()  # its seeds still training
-        self.asked: dict[int, dict] = {}  # this round's policies, by seed
-        self.answers: dict[int, tuple] = {}
-        self.arrived = threading.Condition()
-        self.died = False
-
-    def start_reading(self) -> None:
-        threading.Thread(target=self.read_all, daemon=True).start()
-
-    def read_all(self) -> None:
-        while True:
-            try:
-                index, result, error, rng_state = self.conn.recv()
-            except Exception:  # noqa: BLE001 (the pipe closed, or an answer that does not unpickle: every seed hears)
-                with self.arrived:
-                    self.died = True
-                    self.arrived.notify_all()
-                return
-            with self.arrived:
-                self.answers[index] = (result, error, rng_state)
-                self.arrived.notify_all()
-
-    def answer(self, index: int):
-        """Wait for seed `index`'s answer (the caller gives its turn away meanwhile, when it has one)."""
-        with self.arrived:
-            while index not in self.answers and not self.died:
-                self.arrived.wait()
-            if index not in self.answers:
-                raise SamplerFailed(f"its sampler process died (exit code {self.process.exitcode or 'unknown'})")
-            result, error, rng_state = self.answers.pop(index)
-        if error:
-            raise SamplerFailed(f"its env failed ({error})")
-        return result, rng_state
-
-    def ask_rollout(self, index: int, weights: dict, num_steps: int) -> None:
-        """Seed `index` wants a rollout: once every seed of this process still training has asked, one call asks for
-        all of them, and their envs step in lockstep."""
-        self.asked[index] = weights
-        self.num_steps = num_steps
-        self.send_round()
-
-    def leave(self, index: int) -> None:
-        """Seed `index` has ended: the others go on without it."""
-        self.members.discard(index)
-        self.send_round()
-
-    def send_round(self) -> None:
-        if self.asked and self.members <= set(self.asked):
-            with contextlib.suppress(BrokenPipeError, OSError):  # a dead process: its seeds learn it from answer()
-                self.conn.send(("rollouts", None, (self.asked, self.num_steps)))
-            self.asked = {}
-
-    def close(self) -> None:
-        with contextlib.suppress(BrokenPipeError, OSError):
-            self.conn.send(("close", None, None))
-        self.process.join(timeout=5)
-        if self.process.is_alive():
-            self.process.kill()
-
-
-class SeedSampler:
-    """A seed's Sampler as its training loop sees it when the Sampler lives in a sampler process: the spaces,
-    set_policy and rollout the loop uses, warm_up and the rng state (for checkpoints) that start_run uses."""
-
-    def __init__(self, process: SamplerProcess, index: int, described: tuple):
-        self.process, self.index = process, index
-        self.spaces, self.action_space, self.obs_layout, self.last_rng_state = described
-        self.weights = None
-
-    def set_policy(self, weights: dict) -> None:
-        self.weights = weights
-
-    def rollout(self, num_steps: int) -> dict:
-        self.process.ask_rollout(self.index, self.weights, num_steps)
-        with self.process.turns.waiting():
-            result, self.last_rng_state = self.process.answer(self.index)
-        return result
-
-    def request(self, command: str, payload):
-        """warm_up or rng_state, asked before the seeds' loops start."""
-        self.process.conn.send((command, self.index, payload))
-        result, self.last_rng_state = self.process.answer(self.index)
-        return result
-
-    def warm_up(self, steps: int):
-        return self.request("warm_up", steps)
-
-    @property
-    def rng_state(self) -> dict:
-        return self.last_rng_state
-
-    @rng_state.setter
-    def rng_state(self, state: dict) -> None:
-        self.request("rng_state", state)
-
-    def close(self) -> None:
-        self.process.leave(self.index)
-
-
-def start_sampler_processes(script, starts: list, turns: Turns, count: int) -> list[SeedSampler]:
-    """The seeds' Samplers in `count` processes, seed k in process k % count: while this process updates one
-    process's seeds, the others sample."""
-    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no fork of torch's threads
-    processes = []
-    for p in range(count):
-        mine = [
-            (k, a, script.sampler_seed(a, ckpt), os.path.join("runs", a.run_name, "videos"))
-            for k, (a, ckpt) in enumerate(starts)
-            if k % count == p
-        ]
-        here, there = context.Pipe()
-        process = context.Process(target=sampler_process, args=(there, script.Sampler, mine), daemon=True)
-        process.start()
-        there.close()
-        processes.append(SamplerProcess(here, process, turns))
-    samplers = {}
-    for handle in processes:
-        try:
-            _, described, error, _ = handle.conn.recv()
-        except (EOFError, OSError):
-            raise UsageError(f"a sampler process died as it started (exit code {handle.process.exitcode})") from None
-        if error:
-            raise UsageError(error)
-        handle.members = set(described)
-        handle.start_reading()
-        samplers |= {k: SeedSampler(handle, k, d) for k, d in described.items()}
-    return [samplers[k] for k in range(len(starts))]
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Lockstep: a process's seeds step their envs together and act in one call
-# ---------------------------------------------------------------------------------------------------------------------
-def rollouts_in_lockstep(samplers: list, num_steps: int) -> list[dict | Exception]:
-    """One rollout of each sampler: its own (Sampler.rollout) for one sampler; for several, the samplers joined into
-    one (Lockstep) whose rollout is the script's own Sampler.sample loop over all their envs, then split into each
-    sampler's rollout (its own finish_sample, audit and, where the audit fails, its own sample_again). A sampler whose
-    env raises gets the exception as its result; the others go on."""
-    if len(samplers) == 1:
-        try:
-            return [samplers[0].rollout(num_steps)]
-        except Exception as e:  # noqa: BLE001 (the caller says it)
-            return [e]
-    results = Lockstep(samplers).sample(num_steps)
-    for k, (sampler, result) in enumerate(zip(samplers, results)):
-        if not isinstance(result, Exception) and result["acting_problem"]:
-            try:
-                results[k] = sampler.sample_again(result, num_steps)
-            except Exception as e:  # noqa: BLE001
-                results[k] = e
-    return results
-
-
-class FailedEnv(Exception):
-    """An env of a lockstep's seed raised; the seed's rollout ends with its exception."""
-
-
-class Lockstep:
-    """Several seeds' Samplers as one Sampler over all their envs (each seed's envs a block of rows), so that the
-    script's own rollout loop (Sampler.sample, called with this as `self`) steps them together: their noise, statistics
-    and actors stacked by seed, an env that raises caught for its seed alone."""
-
-    def __init__(self, samplers: list):
-        self.samplers = samplers
-        first = samplers[0]
-        self.sizes = [len(s.envs) for s in samplers]
-        self.raw_obs = np.concatenate([s.raw_obs for s in samplers])
-        envs = [(k, env) for k, s in enumerate(samplers) for env in s.envs]
-        self.envs = [GuardedEnv(env, k, self, obs) for (k, env), obs in zip(envs, self.raw_obs)]
-        self.action_space, self.obs_clip = first.action_space, first.obs_clip
-        self.env_action = first.env_action
-        self.failed: dict[int, Exception] = {}
-        self.policy = StackedActor(samplers, self.sizes)
-        self.obs_mean = self.obs_std = None
-        if first.obs_mean is not None:
-            self.obs_mean = np.concatenate([np.broadcast_to(s.obs_mean, (n, len(s.obs_mean))) for s, n in self.pairs()])
-            self.obs_std = np.concatenate([np.broadcast_to(s.obs_std, (n, len(s.obs_std))) for s, n in self.pairs()])
-
-    def __getattr__(self, name: str):
-        raise AttributeError(
-            f"Sampler.sample uses self.{name}, which seeds stepped in lockstep do not share: give each seed a sampler "
-            "process of its own (--seed-processes equal to --num-seeds)"
-        )
-
-    def pairs(self):
-        return zip(self.samplers, self.sizes)
-
-    def bounds(self) -> list[tuple[int, int]]:
-        ends = np.cumsum(self.sizes)
-        return [(int(end - n), int(end)) for end, n in zip(ends, self.sizes)]
-
-    def own_torch_stream(self):
-        return contextlib.nullcontext()  # each seed acts and finishes its rows on its own stream
-
-    def normalize(self, raw, out=None, fill: float = np.nan):
-        return type(self.samplers[0]).normalize(self, raw, out, fill)
-
-    def draw_noise(self, shape: tuple[int, ...]) -> np.ndarray:
-        num_steps, _ = shape
-        return np.concatenate([s.draw_noise((num_steps, n)) for s, n in self.pairs()], axis=1)
-
-    def sample(self, num_steps: int) -> list[dict | Exception]:
-        return type(self.samplers[0]).sample(self, num_steps)
-
-    def finish_sample(self, obs, raw_obs, actions, rewards, terminations, truncations, noise, finals) -> list:
-        """Each seed's rows, finished by its own Sampler (or its env's exception)."""
-        results = []
-        for k, (sampler, (start, end)) in enumerate(zip(self.samplers, self.bounds())):
-            if k in self.failed:
-                results.append(self.failed[k])
-                continue
-            rows = slice(start, end)
-            own = [(step, i - start, last) for step, i, last in finals if start <= i < end]
-            with sampler.own_torch_stream():
-                results.append(
-                    sampler.finish_sample(
-                        obs[:, rows].copy(),
-                        raw_obs[:, rows].copy(),
-                        actions[:, rows].copy(),
-                        rewards[:, rows].copy(),
-                        terminations[:, rows].copy(),
-                        truncations[:, rows].copy(),
-                        noise[:, rows].copy(),
-                        own,
-                    )
-                )
-        return results
-
-
-class GuardedEnv:
-    """An env of a lockstep's seed: its exception is kept for its seed (whose rollout ends with it), and the env then
-    plays a finished episode, so that the other seeds' envs go on stepping."""
-
-    def __init__(self, env, seed_index: int, lockstep: Lockstep, obs: np.ndarray):
-        self.env, self.seed_index, self.lockstep = env, seed_index, lockstep
-        self.last_obs = obs
-
-    def step(self, action):
-        if self.seed_index in self.lockstep.failed:
-            return self.last_obs, 0.0, True, False, {}
-        try:
-            result = self.env.step(action)
-        except Exception as e:  # noqa: BLE001 (its seed's result)
-            self.lockstep.failed[self.seed_index] = e
-            return self.last_obs, 0.0, True, False, {}
-        self.last_obs = result[0]
-        return result
-
-    def reset(self, **kwargs):
-        if self.seed_index in self.lockstep.failed:
-            return self.last_obs, {}
-        try:
-            result = self.env.reset(**kwargs)
-        except Exception as e:  # noqa: BLE001
-            self.lockstep.failed[self.seed_index] = e
-            return self.last_obs, {}
-        self.last_obs = result[0]
-        return result
-
-
-class StackedActor:
-    """The seeds' actors acting on all their envs' rows: one stacked numpy forward (fast_paths.StackedNumpyActor)
-    where every seed acts with a NumpyActor and their nets stack, else each seed's own actor on its rows."""
-
-    def __init__(self, samplers: list, sizes: list[int]):
-        self.samplers = samplers
-        self.policies = [s.policy for s in samplers]
-        self.sizes = sizes
-        self.stacked = None
-        if all(isinstance(p, NumpyActor) for p in self.policies) and len(set(sizes)) == 1:
-            with contextlib.suppress(DoesNotFit):
-                self.stacked = StackedNumpyActor([s.agent for s in samplers], self.policies)
-
-    def act(self, obs: np.ndarray, noise: np.ndarray) -> np.ndarray:
-        groups, per = len(self.sizes), self.sizes[0]
-        if self.stacked is not None:
-            shaped = self.stacked.act(obs.reshape(groups, per, -1), noise.reshape(groups, per, -1))
-            return shaped.reshape(len(obs), -1)
-        bounds = np.cumsum([0, *self.sizes])
-        actions = []
-        for sampler, a, b in zip(self.samplers, bounds[:-1], bounds[1:]):
-            with sampler.own_torch_stream():  # a torch actor that draws, draws from its seed's own stream
-                actions.append(sampler.policy.act(obs[a:b], noise[a:b]))
-        return np.concatenate(actions)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# The seeds' runs
-# ---------------------------------------------------------------------------------------------------------------------
-def seed_runs_to_start(args) -> list[tuple[object, dict | None]]:
-    """Each seed's flags (seed, seed+1, ...; its own run folder) and, with --resume, its checkpoint (every seed's
-    checkpoint lists them all)."""
-    if not args.resume:
-        stamp = int(time.time())
-        names = [
-            f"{args.run_name}__{args.seed + k}"
-            if args.run_name
-            else f"{args.env_id.replace(':', '_')}__{args.exp_name}__{args.seed + k}__{stamp}"
-            for k in range(args.num_seeds)
-        ]
-        return [(replace(args, seed=args.seed + k, run_name=name), None) for k, name in enumerate(names)]
-    listed = load_checkpoint(args.resume).get("seed_runs", [args.resume])
-    starts = []
-    for path in listed[: args.num_seeds]:
-        if not os.path.exists(path):
-            say(f"{path} is missing (that seed stopped before its first checkpoint): resuming the other seeds")
-            continue
-        seed_args = replace(args, resume=path, run_name=None)
-        ckpt = resume_checkpoint(seed_args)
-        starts.append((replace(seed_args, seed=int(ckpt["args"]["seed"])), ckpt))
-    if not starts:
-        raise UsageError(
-            f"none of the seeds' checkpoints that {args.resume} lists exist here: resume from the folder the run "
-            "started in"
-        )
-    return starts
-
-
-def single_run_command(args) -> list[str]:
-    """The command line of a seed's single run (this process's flags, less --num-seeds and --seed-processes, with the
-    seed's own --seed, --run-name and --resume), which its run.json records so that a sweep compares it as that
-    run."""
-    own = {"--num-seeds", "--seed", "--run-name", "--resume", "--seed-processes"}
-    flags, skip = [], False
-    for item in sys.argv[1:]:
+def flag_name(item: str) -> str:
+    return item.partition("=")[0].replace("_", "-")
+
+
+def flag_value(argv: list[str], name: str) -> str | None:
+    """The value of the last `name VALUE` or `name=VALUE` in argv (underscores or dashes), else None."""
+    value = None
+    for i, item in enumerate(argv):
+        if flag_name(item) == name:
+            if "=" in item:
+                value = item.partition("=")[2]
+            elif i + 1 < len(argv):
+                value = argv[i + 1]
+    return value
+
+
+def without_launcher_flags(argv: list[str]) -> list[str]:
+    """argv less the launcher's flags and their values."""
+    kept, skip = [], False
+    for item in argv:
         if skip:
             skip = False
             continue
-        name = item.partition("=")[0].replace("_", "-")
-        if name in own:
+        if flag_name(item) in LAUNCHER_FLAGS:
             skip = "=" not in item  # its value is the next item
             continue
-        flags.append(item)
-    flags += [f"--seed={args.seed}", f"--run-name={args.run_name}"]
-    if args.resume:
-        flags.append(f"--resume={args.resume}")
-    return [PROG, *flags]
+        kept.append(item)
+    return kept
 
 
-@contextlib.contextmanager
-def speaking_for(seed: int):
-    """The lines printed meanwhile name `seed`."""
-    token = SPEAKER.set(f"seed {seed}: ")
+def asked(argv: list[str]) -> bool:
+    """Whether this command line asks for several seeds (and not for --help)."""
+    if "-h" in argv or "--help" in argv:
+        return False
     try:
-        yield
-    finally:
-        SPEAKER.reset(token)
+        return int(flag_value(argv, "--num-seeds") or 1) > 1
+    except ValueError:
+        return False  # not a number: the script's own parser says so
 
 
-class SeedsStop:
-    """What each seed's training loop sees of the training process's loop: a signal ends every seed's iteration under
-    way, as it does a single run's."""
-
-    def __init__(self, loop: TrainingLoop):
-        self.loop = loop
-        self.error: BaseException | None = None  # an error of the script's code in one seed: every seed stops
-
-    @property
-    def signum(self):
-        return self.loop.signum if self.error is None else -1
-
-
-def train(script, args) -> int:
-    """--num-seeds N: N seeds in this process, each running `script`'s training loop as its single run would (its own
-    envs, statistics, optimizer, random streams, guard and files). A seed whose env fails, or whose guard stops it,
-    stops alone, with its checkpoint and one line; the exit status then says so."""
-    if args.track:
-        raise UsageError("--track and --num-seeds do not fit together: track each seed as a run of its own")
-    starts = seed_runs_to_start(args)
-    for seed_args, _ in starts:
-        run_folder(seed_args)  # an existing folder is refused before any process starts
-    count = min(len(starts), args.seed_processes or len(os.sched_getaffinity(0)))
-    turns = Turns()
-    samplers = start_sampler_processes(script, starts, turns, count)
+def script_defaults(script: str) -> dict:
+    """The literal defaults of the script's `Args` fields, read from its source (the launcher imports no torch)."""
     try:
-        return train_seeds(script, args, starts, samplers, turns)
-    finally:
-        for process in {sampler.process for sampler in samplers}:
-            process.close()
+        with open(script) as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError):
+        return {}
+    defaults = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "Args":
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.value is not None:
+                    with contextlib.suppress(ValueError):
+                        defaults[item.target.id] = ast.literal_eval(item.value)
+    return defaults
 
 
-def train_seeds(script, args, starts: list, samplers: list[SeedSampler], turns: Turns) -> int:
-    runs, streams = [], []
-    for k, ((seed_args, ckpt), sampler) in enumerate(zip(starts, samplers)):
-        device = seed_everything(seed_args)  # as a single run seeds itself (a checkpoint restores its own stream)
-        command, extra = single_run_command(seed_args), {"launched_by": [PROG, *sys.argv[1:]]}
-        with speaking_for(seed_args.seed):
-            runs.append(script.start_run(seed_args, ckpt, device, sampler, command, extra))
-        streams.append(RandomStreams())
-        if k > 0:
-            runs[-1].monitor.progress.close()  # one progress bar, the first seed's
-    for run in runs:
-        run.checkpoint_extra = {"seed_runs": [os.path.join(other.run_dir, "checkpoint.pt") for other in runs]}
-    say_rounded_timesteps(args)
-    statuses = ["running"] * len(runs)
+def whole_number(argv: list[str], name: str, default: int, least: int) -> int:
+    value = flag_value(argv, name)
+    try:
+        number = default if value is None else int(value)
+    except ValueError:
+        raise LaunchError(f"{name} takes a whole number, got {value!r}") from None
+    if number < least:
+        raise LaunchError(f"{name} must be >= {least}, got {number}")
+    return number
 
-    def run_seed(k: int) -> None:
-        run = runs[k]
-        SPEAKER.set(f"seed {run.args.seed}: ")  # this thread's lines name its seed
-        with turns.turn(streams[k]):
-            try:
-                script.training_loop(run, stop)
-            except BadBatchError as e:
-                statuses[k] = "stopped_by_guard"
-                say(f"error: {e}; the last good checkpoint stays in {run.run_dir}")
-            except (SamplerFailed, StopRun) as e:  # its env, or a hook its gradient cannot run: that seed stops
-                statuses[k] = "failed"
-                checkpoint = os.path.join(run.run_dir, "checkpoint.pt")
-                say(f"error: stopped: {e}; continue it with --resume {checkpoint}")
-            except BaseException as e:  # noqa: BLE001 (the script's own error: every seed stops, then it is raised)
-                statuses[k] = "error"
-                stop.error = stop.error or e
-            finally:
-                run.sampler.process.leave(run.sampler.index)
 
-    with TrainingLoop(runs[0].run_dir) as loop:
-        stop = SeedsStop(loop)
-        # each in a copy of this thread's context: torch.compile's settings are per context
-        threads = [
-            threading.Thread(target=contextvars.copy_context().run, args=(run_seed, k), daemon=True)
-            for k in range(len(runs))
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            while thread.is_alive():  # a timed join: Ctrl-C's handler runs in this thread meanwhile
-                thread.join(timeout=0.5)
-    if loop.hard:  # a second signal: the seeds may be mid-iteration; their last checkpoints stay
-        turns.lock.acquire(timeout=30)
-    exit_status = loop.exit_status()
-    for run, status, seed_streams in zip(runs, statuses, streams):
-        if status == "error":  # as a single run that raised: no checkpoint of a state left mid-iteration
+@dataclass
+class Seed:
+    """One seed's single run: its seed, folder (runs/<run-name>__<seed>) and flags; `fresh`: its folder is removed
+    before it starts (--overwrite, or a folder left without a checkpoint)."""
+
+    seed: int
+    run_dir: str
+    flags: list[str]
+    fresh: bool = False
+    note: str = ""
+
+
+def new_seeds(script: str, argv: list[str]) -> list[Seed]:
+    """--num-seeds N from --seed: each seed's flags are this command's, with its own --seed and --run-name."""
+    defaults = script_defaults(script)
+    count = whole_number(argv, "--num-seeds", 1, 1)
+    first = whole_number(argv, "--seed", int(defaults.get("seed", 1)), -(2**31))
+    flags = without_launcher_flags(argv)
+    base = flag_value(argv, "--run-name")
+    if not base:
+        env_id = flag_value(argv, "--env-id") or str(defaults.get("env_id", "env"))
+        exp_name = flag_value(argv, "--exp-name") or defaults.get("exp_name") or os.path.basename(script)[:-3]
+        base = f"{env_id.replace(':', '_')}__{exp_name}__{int(time.time())}"
+    overwrite = "--overwrite" in flags
+    seeds = []
+    for seed in range(first, first + count):
+        run_dir = os.path.join("runs", f"{base}__{seed}")
+        if os.path.exists(run_dir) and not overwrite:
+            raise LaunchError(
+                f"{run_dir} already exists: continue the seeds with --resume "
+                f"{os.path.join('runs', f'{base}__{first}', 'checkpoint.pt')} --num-seeds {count}, or start them "
+                "afresh with --overwrite"
+            )
+        seeds.append(Seed(seed, run_dir, [*flags, f"--seed={seed}", f"--run-name={base}__{seed}"], fresh=overwrite))
+    return seeds
+
+
+def resumed_seeds(argv: list[str]) -> list[Seed]:
+    """--resume runs/<run-name>__<k>/checkpoint.pt --num-seeds N: seeds k .. k+N-1 of that launch, each from its own
+    checkpoint; a seed that has none starts afresh with the command its sibling's run.json records."""
+    count = whole_number(argv, "--num-seeds", 1, 1)
+    path = flag_value(argv, "--resume")
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        with open(os.path.join(folder, "run.json")) as f:
+            record = json.load(f)
+        first, name = int(record["hyperparameters"]["seed"]), str(record["hyperparameters"]["run_name"])
+        recorded = without_launcher_flags(list(record["command"][1:]))
+    except (OSError, ValueError, KeyError, TypeError):
+        raise LaunchError(
+            f"{path} has no readable run.json beside it: resume that run alone, without --num-seeds"
+        ) from None
+    if not name.endswith(f"__{first}"):
+        raise LaunchError(f"{path} is not a seed of a --num-seeds run (its folder is not <run-name>__{first})")
+    base, root = name[: -len(f"__{first}")], os.path.dirname(folder)
+    flags = without_launcher_flags(argv)
+    seeds = []
+    for seed in range(first, first + count):
+        run_name = f"{base}__{seed}"
+        checkpoint = os.path.join(root, run_name, "checkpoint.pt")
+        run_dir = os.path.join("runs", run_name)
+        if os.path.isfile(checkpoint):
+            seeds.append(Seed(seed, run_dir, [f"--resume={os.path.relpath(checkpoint)}", *flags]))
             continue
-        if status == "running":  # stopped by a signal, by another seed's error, or done
-            finished = run.state.iteration >= run.args.num_iterations
-            status = loop.status if stop.error is None or finished else "failed"
-        keeps_state = status != "stopped_by_guard" and loop.keeps_state
-        with speaking_for(run.args.seed), turns.turn(seed_streams) if not loop.hard else contextlib.nullcontext():
-            eval_failed = script.end_run(run, status, keeps_state)  # its checkpoint saves its own torch stream
-        exit_status = exit_status or (1 if status in ("failed", "stopped_by_guard") else eval_failed)
-    if stop.error is not None:  # the script's own error in one seed: the others ended with their state, now say it
-        raise stop.error
-    return exit_status
+        start = [*recorded, *flags, f"--seed={seed}", f"--run-name={run_name}"]
+        if os.path.isdir(os.path.join(root, run_name)):
+            seeds.append(Seed(seed, run_dir, start, fresh=True, note="starts afresh: its folder has no checkpoint"))
+        else:
+            seeds.append(Seed(seed, run_dir, start, note="starts: it had not started"))
+    return seeds
+
+
+def plan(script: str, argv: list[str]) -> list[Seed]:
+    """Every seed's run, or a LaunchError for flags that do not fit."""
+    flags = {flag_name(item) for item in argv}
+    if "--eval-checkpoint" in flags:
+        raise LaunchError("--eval-checkpoint evaluates one policy: leave out --num-seeds")
+    if "--resume" in flags and "--overwrite" in flags:
+        raise LaunchError("--resume and --overwrite do not fit together: continue the seeds, or start them afresh")
+    whole_number(argv, "--seed-processes", 0, 0)
+    return resumed_seeds(argv) if flag_value(argv, "--resume") else new_seeds(script, argv)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Running the seeds on this machine
+# ---------------------------------------------------------------------------------------------------------------------
+def linux_prctl():
+    """libc's prctl on Linux, else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+
+
+def prepare_child(prctl) -> None:
+    """(In a started run, before it execs.) Give it back SIGINT and SIGTERM, which a parent may have blocked or ignored
+    (a Ray worker blocks SIGINT; both survive exec), and on Linux ask for SIGTERM when its parent dies, so that a
+    killed launcher or worker leaves no run behind (either signal makes it save a checkpoint)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
+    if prctl is not None:
+        prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+class SeedProcess:
+    """A seed's run as a child process: its stdout and stderr read line by line into `events`, kept for its folder's
+    output.log, and its progress read from a pipe of its own. In a session of its own, so that a Ctrl-C at the
+    terminal reaches only the launcher, which passes it on once."""
+
+    def __init__(self, script: str, seed: Seed, events: queue.Queue, prctl):
+        self.seed, self.events = seed, events
+        self.lines: list[tuple[str, str]] = []  # (kind, line), kept until the run has made its folder
+        self.log = None
+        self.step = self.total = 0
+        self.recent_return: float | None = None
+        if seed.fresh:
+            shutil.rmtree(seed.run_dir, ignore_errors=True)
+        progress_read, progress_write = os.pipe()
+        env = dict(os.environ, **{PROGRESS_FD: str(progress_write)})
+        self.proc = subprocess.Popen(
+            [sys.executable, script, *seed.flags],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(progress_write,),
+            env=env,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+            preexec_fn=lambda: prepare_child(prctl),
+        )
+        os.close(progress_write)
+        self.readers = [
+            threading.Thread(target=self.read, args=(self.proc.stdout, "out"), daemon=True),
+            threading.Thread(target=self.read, args=(self.proc.stderr, "err"), daemon=True),
+            threading.Thread(target=self.read, args=(os.fdopen(progress_read), "progress"), daemon=True),
+        ]
+        for reader in self.readers:
+            reader.start()
+        threading.Thread(target=self.wait, daemon=True).start()
+
+    def read(self, stream, kind: str) -> None:
+        with stream:
+            for line in stream:
+                self.events.put((self, kind, line.rstrip("\n")))
+
+    def wait(self) -> None:
+        self.proc.wait()
+        for reader in self.readers:
+            reader.join()
+        self.events.put((self, "ended", self.proc.returncode))
+
+    def keep(self, kind: str, line: str | None) -> list[tuple[str, str]]:
+        """Write a line of its stdout or stderr (`kind` "out" or "err"; None: only those held) to its folder's
+        output.log, and return the (kind, line) to say now: none while the run has no folder yet (they are held),
+        then the held ones too."""
+        if line is not None:
+            self.lines.append((kind, line))
+        if self.log is None:
+            if not os.path.isdir(self.seed.run_dir):
+                return []
+            self.log = open(os.path.join(self.seed.run_dir, "output.log"), "a")  # noqa: SIM115 (closed in close())
+        said, self.lines = self.lines, []
+        for _, held in said:
+            self.log.write(held + "\n")
+        return said
+
+    def signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signum)
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+
+
+@dataclass
+class Ended:
+    """How a seed's run ended: its exit status, and the lines it printed before it made its folder (a refused run's)."""
+
+    seed: Seed
+    returncode: int | None
+    early_lines: list[str] = field(default_factory=list)
+
+
+class Launch:
+    """The seeds' runs on this machine, `parallel` at a time, with one progress display and the signals passed on."""
+
+    def __init__(self, script: str, seeds: list[Seed], parallel: int, quiet: bool):
+        self.script, self.prog = script, os.path.basename(script)
+        self.waiting = list(seeds)
+        self.parallel, self.quiet = parallel, quiet
+        self.running: list[SeedProcess] = []
+        self.started: dict[int, SeedProcess] = {}
+        self.ended: list[Ended] = []
+        self.events: queue.Queue = queue.Queue()
+        self.signum: int | None = None
+        self.refused = False
+        self.prctl = linux_prctl()
+        self.bar = None
+
+    def say(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def on_signal(self, signum, frame) -> None:
+        name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+        again = self.signum is not None
+        self.signum = signum
+        for child in self.running:
+            child.signal(signum)
+        if again:
+            self.say(f"{self.prog}: {name} again: the running seeds quit now (their last checkpoints stay)")
+        else:
+            self.say(
+                f"{self.prog}: {name}: each running seed saves a checkpoint after its iteration, and no new seed "
+                "starts (signal again to quit now)"
+            )
+
+    def run(self) -> list[Ended]:
+        from tqdm import tqdm
+
+        handlers = {signum: signal.signal(signum, self.on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
+        self.bar = tqdm(total=0, disable=self.quiet, unit="step", unit_scale=True, dynamic_ncols=True, mininterval=1)
+        try:
+            while True:
+                while self.waiting and len(self.running) < self.parallel and self.signum is None and not self.refused:
+                    seed = self.waiting.pop(0)
+                    if seed.note:
+                        self.say(f"{self.prog}: seed {seed.seed} {seed.note}")
+                    self.running.append(SeedProcess(self.script, seed, self.events, self.prctl))
+                    self.started[seed.seed] = self.running[-1]
+                if not self.running:
+                    break
+                try:
+                    self.handle(*self.events.get(timeout=1.0))
+                except queue.Empty:
+                    continue
+        finally:
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+            self.bar.close()
+            self.bar = None
+        return self.ended
+
+    def handle(self, child: SeedProcess, kind: str, payload) -> None:
+        prefix = f"seed {child.seed.seed}: "
+        if kind == "progress":
+            with contextlib.suppress(ValueError):
+                step, total, recent = payload.split()
+                child.step, child.total = int(step), int(total)
+                child.recent_return = None if recent == "nan" else float(recent)
+                self.show_progress()
+        elif kind in ("out", "err"):
+            # lines printed before the run made its folder are said when it does, or when it ends
+            for held_kind, line in child.keep(kind, payload):
+                self.echo(prefix + line, held_kind)
+        else:  # ended
+            self.running.remove(child)
+            early = []
+            if payload == 2 and not os.path.isdir(child.seed.run_dir):
+                early = [line for _, line in child.lines]  # refused flags are every seed's: said once, none more starts
+                self.refused = True
+            else:
+                for held_kind, line in child.keep("err", None) if os.path.isdir(child.seed.run_dir) else child.lines:
+                    self.echo(prefix + line, held_kind)
+            child.close()
+            self.ended.append(Ended(child.seed, payload, early))
+
+    def echo(self, line: str, kind: str) -> None:
+        if kind == "out":
+            if self.bar is not None and not self.bar.disable:
+                self.bar.write(line)
+            else:
+                print(line, flush=True)
+        else:
+            self.say(line)
+
+    def show_progress(self) -> None:
+        """The bar: every seed's steps against every seed's total (each seed's, once it has said it), and the latest
+        return of each seed running."""
+        if self.bar is None or self.bar.disable:
+            return
+        children = [*self.started.values()]
+        count = len(children) + len(self.waiting)
+        self.bar.total = max(c.total for c in children) * count
+        self.bar.n = sum(c.step for c in children)
+        returns = " ".join(
+            f"{c.seed.seed}:{'n/a' if c.recent_return is None else f'{c.recent_return:.0f}'}" for c in self.running
+        )
+        self.bar.set_postfix_str(f"{len(self.ended)} of {count} seeds done; returns {returns}", refresh=False)
+        self.bar.refresh()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The end: every seed's final return, with an interval honest for few seeds
+# ---------------------------------------------------------------------------------------------------------------------
+# Student's t: the 0.975 quantile for 1..30 degrees of freedom (beyond, t_quantile's expansion is within 1e-3)
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131)
+T_975 += (2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t_quantile_975(df: int) -> float:
+    """The 0.975 quantile of Student's t with `df` degrees of freedom (the half-width factor of a 95% interval)."""
+    if df <= len(T_975):
+        return T_975[df - 1]
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def mean_std_interval(values: list[float]) -> tuple[float, float | None, tuple[float, float] | None]:
+    """The mean, the sample std (n - 1) and the 95% t-interval of the mean; no std or interval for one value."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None, None
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t_quantile_975(n - 1) * std / math.sqrt(n)
+    return mean, std, (mean - half, mean + half)
+
+
+def read_summary(run_dir: str) -> dict:
+    try:
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def seed_status(ended: Ended) -> str:
+    summary = read_summary(ended.seed.run_dir)
+    if ended.returncode is None:
+        return "lost"
+    if ended.returncode == 0:
+        return summary.get("status", "completed")
+    return summary.get("status") or f"exit {ended.returncode}"
+
+
+def report(prog: str, ended: list[Ended], not_started: list[Seed], first_seed: Seed) -> list[str]:
+    """The closing lines (stdout): a row for each seed, the statistics of the final returns, the TensorBoard command
+    and, when a seed did not complete, how to continue them all."""
+    rows = sorted(ended, key=lambda e: e.seed.seed)
+    lines = [f"{prog}: {len(rows) + len(not_started)} seeds", f"{'seed':>6}  {'status':<17}{'steps':>10}  final return"]
+    finals = []
+    for row in rows:
+        summary = read_summary(row.seed.run_dir)
+        final = summary.get("mean_return_last_episodes")
+        if final is not None:
+            finals.append(float(final))
+        shown = "n/a" if final is None else f"{final:.2f}"
+        lines.append(f"{row.seed.seed:>6}  {seed_status(row):<17}{summary.get('env_steps', 0):>10}  {shown}")
+    for seed in not_started:
+        lines.append(f"{seed.seed:>6}  {'not started':<17}{0:>10}  n/a")
+    if finals:
+        mean, std, interval = mean_std_interval(finals)
+        line = f"final return (each seed's mean over its last episodes): mean {mean:.2f} over {len(finals)} seeds"
+        if std is not None:
+            line += f", std {std:.2f}, 95% t-interval [{interval[0]:.2f}, {interval[1]:.2f}]"
+        lines.append(line)
+    folders = [row.seed for row in rows if os.path.isdir(row.seed.run_dir)]
+    if folders:
+        spec = ",".join(f"seed{s.seed}:{s.run_dir}" for s in folders)
+        lines.append(f"curves: tensorboard --logdir_spec {spec}")
+    failed = [row for row in rows if row.returncode not in (0, None) or seed_status(row) != "completed"]
+    if failed or not_started:
+        checkpoint = os.path.join(first_seed.run_dir, "checkpoint.pt")
+        count = len(rows) + len(not_started)
+        lines.append(f"continue every seed with: python {prog} --resume {checkpoint} --num-seeds {count}")
+    return lines
+
+
+def exit_status(ended: list[Ended], signum: int | None) -> int:
+    if signum is not None:
+        return 128 + signum  # as a single run's: 130 for Ctrl-C, 143 for SIGTERM
+    if ended and all(e.returncode == 2 and e.early_lines for e in ended):
+        return 2
+    return 1 if any(e.returncode != 0 for e in ended) else 0
+
+
+def launch(script: str, argv: list[str]) -> int:
+    """--num-seeds N: every seed's single run, here or on a Ray cluster; the closing table; the exit status (0 when
+    every seed completed, 1 when one failed, 2 for flags refused, 130 or 143 after Ctrl-C or SIGTERM)."""
+    script = os.path.abspath(script)
+    prog = os.path.basename(script)
+    try:
+        seeds = plan(script, argv)
+        address = flag_value(argv, "--ray-address")
+        parallel = whole_number(argv, "--seed-processes", 0, 0) or len(os.sched_getaffinity(0))
+    except LaunchError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    quiet = "--quiet" in argv
+    if address:
+        try:
+            ended, signum = seeds_on_cluster(script, seeds, address), None
+        except LaunchError as e:
+            print(f"{prog}: error: {e}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            ended, signum = [], signal.SIGINT
+        not_started = []
+    else:
+        run = Launch(script, seeds, parallel, quiet)
+        ended, signum = run.run(), run.signum
+        not_started = run.waiting
+    refusals = [e for e in ended if e.early_lines]
+    said = set()
+    for refused in refusals:  # the same refusal of every seed is said once
+        text = "\n".join(refused.early_lines)
+        if text not in said:
+            said.add(text)
+            print(text, file=sys.stderr)
+    if ended and len(refusals) == len(ended):
+        return 2
+    print("\n".join(report(prog, ended, not_started, seeds[0])), flush=True)
+    return exit_status(ended, signum)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# On a Ray cluster: every run a Ray task, its folder packed on the node and unpacked here
+# ---------------------------------------------------------------------------------------------------------------------
+def seeds_on_cluster(script: str, seeds: list[Seed], address: str) -> list[Ended]:
+    """Every seed a task of run_on_cluster, from the script's folder (which Ray uploads to the nodes); their folders
+    come back into this runs folder."""
+    repo = os.path.dirname(script)
+    jobs = []
+    for seed in seeds:
+        run_name = os.path.relpath(seed.run_dir, "runs")
+        resume = [f for f in seed.flags if flag_name(f) == "--resume"]
+        folder_tar = None
+        flags = list(seed.flags)
+        if resume:  # the node resumes from the folder sent with it
+            flags = [f"--resume={os.path.join('runs', run_name, 'checkpoint.pt')}"]
+            flags += [f for f in seed.flags if flag_name(f) != "--resume"]
+            folder_tar = pack_folder(seed.run_dir)
+        argv = [os.path.basename(script), *flags]
+        jobs.append(
+            {
+                "label": f"seed {seed.seed}",
+                "run_name": run_name,
+                "argv": {"resume" if resume else "new": argv, "new" if resume else "resume": None},
+                "folder_tar": folder_tar,
+                "storage": None,
+                "python": None,
+                "cpus": 1,
+            }
+        )
+    results = run_on_cluster(jobs, address, os.path.abspath("runs"), repo, describe=final_return)
+    return [Ended(seed, results.get(f"seed {seed.seed}")) for seed in seeds]
+
+
+def final_return(folder: str) -> str:
+    final = read_summary(folder).get("mean_return_last_episodes")
+    return "no episode finished" if final is None else f"return {final:.1f}"
+
+
+# What a job's working_dir leaves behind: Ray uploads the rest of the script's folder to every node.
+UPLOAD_EXCLUDES = [".git", "runs", ".venv", "benchmarks/.venv-*", "benchmarks/results", "**/__pycache__", "*.pt"]
+
+
+def ray_address_answers(address: str) -> bool:
+    """Whether something listens at a Ray `host:port` (or `ray://host:port`): ray.init retries an address with no Ray
+    behind it for minutes, a plain TCP probe answers at once."""
+    host, _, port = address.split("://")[-1].rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def run_on_node(job: dict) -> dict:
+    """(In a Ray worker.) Train one run on this node and say where it ran, how it ended and, unless its folder is in
+    the shared --storage, return that folder as a tar.gz. The run resumes from a checkpoint if its folder has one:
+    the half-finished folder the head sent, or, with --storage, what an attempt on a lost node left."""
+    import ray
+
+    node = {
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "ip": ray.util.get_node_ip_address(),
+        "host": socket.gethostname(),
+    }
+    print(f"{job['label']} running on {node['host']} (node {node['node_id'][:8]})", flush=True)
+    take_back_sigint()
+    repo = os.getcwd()  # the job's working_dir: this repo, as uploaded
+    if job["storage"] and not os.path.isdir(os.path.join(job["storage"], "runs")):
+        message = f"--storage {job['storage']} is not there on {node['host']}: mount it on every node"
+        return {**node, "returncode": 2, "stderr": message, "seconds": 0.0, "tar": None}
+    remove_orphaned_work_folders()
+    work = job["storage"] or tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}_")
+    folder = os.path.join(work, "runs", job["run_name"])
+    lease = Lease(folder + ".lease", node["host"]) if job["storage"] else None
+    try:
+        if lease is not None:
+            lease.take()  # one attempt at a time writes a run folder in the shared storage
+        if job["folder_tar"] is not None:
+            unpack_folder(job["folder_tar"], folder)
+        if os.path.isfile(os.path.join(folder, "checkpoint.pt")) and job["argv"]["resume"]:
+            argv = job["argv"]["resume"]
+        else:
+            shutil.rmtree(folder, ignore_errors=True)  # a folder without a checkpoint: the run starts afresh
+            argv = job["argv"]["new"]
+        os.makedirs(os.path.join(work, "runs"), exist_ok=True)
+        returncode, stderr, seconds = run_trainer(job["python"] or sys.executable, repo, argv, work, lease)
+        if os.path.isdir(folder):  # where it ran, for the head and the tests
+            with open(os.path.join(folder, "node.json"), "w") as f:
+                json.dump({**node, "seconds": round(seconds, 1)}, f)
+        folder_tar = None if job["storage"] or not os.path.isdir(folder) else pack_folder(folder)
+        return {**node, "returncode": returncode, "stderr": stderr[-2000:], "seconds": seconds, "tar": folder_tar}
+    except LeaseHeld as e:
+        return {**node, "returncode": 1, "stderr": str(e), "seconds": 0.0, "tar": None}
+    finally:
+        if lease is not None:
+            lease.drop()
+        if not job["storage"]:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def take_back_sigint() -> None:
+    """(In a Ray worker.) A Ray started with SIGINT ignored (`ray start` from a background job or nohup) passes that on
+    to its workers, and ray.cancel's KeyboardInterrupt, which arrives as a SIGINT, is then dropped: the trainer would
+    never hear of a cancelled sweep. Take the signal back while the task runs (tasks run in the worker's main
+    thread)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        with contextlib.suppress(ValueError):  # not the main thread: nothing to take back there
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+WORK_PREFIX = "learning_run_"  # a run's temporary folder on a node: learning_run_<pid of its Ray worker>_<random>
+
+
+def remove_orphaned_work_folders() -> None:
+    """Delete the temporary run folders of Ray workers that no longer exist on this node: a worker that was killed
+    (a cancelled or lost task, an out-of-memory kill) never reached its own clean-up."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{WORK_PREFIX}*_*")):
+        pid = os.path.basename(path)[len(WORK_PREFIX) :].split("_")[0]
+        if pid.isdigit() and not process_exists(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+class LeaseHeld(Exception):
+    """Another attempt of the same run holds its folder's lease and keeps renewing it."""
+
+
+class Lease:
+    """The right to write one run folder under --storage, held by one attempt at a time: a file beside the folder
+    naming its holder and when it last renewed it. Ray runs a task again when it believes its node lost, and the old
+    attempt may still be alive (a network partition): the new one waits until the lease is stale (not renewed for
+    LEASE_SECONDS), takes it, and waits one more renewal period before writing, so that an old holder that comes back
+    finds the lease gone and kills its trainer without letting it write. Staleness compares the holder's clock with
+    the taker's: nodes are assumed to keep time (NTP) to well under LEASE_SECONDS."""
+
+    def __init__(self, path: str, host: str):
+        self.path = path
+        self.owner = f"{host}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        self.renewed = 0.0
+
+    def read(self) -> dict | None:
+        try:
+            with open(self.path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def write(self) -> None:
+        tmp = f"{self.path}.{self.owner.rsplit(':', 1)[-1]}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"owner": self.owner, "renewed": time.time()}, f)
+        os.replace(tmp, self.path)
+        self.renewed = time.monotonic()
+
+    def take(self) -> None:
+        seconds = lease_seconds()
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        deadline = time.monotonic() + 3 * seconds
+        while True:
+            held = self.read()
+            if held is None and not os.path.exists(self.path):
+                try:  # O_EXCL: of two attempts creating the lease at once, one wins
+                    os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                    self.write()
+                    return
+                except FileExistsError:
+                    continue
+            if held is None:  # being written by its creator, or left half-written by one that died
+                stale = time.time() - os.path.getmtime(self.path) > seconds if os.path.exists(self.path) else True
+            else:
+                stale = time.time() - float(held.get("renewed", 0)) > seconds
+            if stale:
+                self.write()  # stale: its holder stopped renewing it
+                time.sleep(seconds / 4 + 1)  # a holder that was only cut off sees this at its next renewal and stops
+                if (self.read() or {}).get("owner") == self.owner:
+                    self.write()
+                    return
+                continue
+            if time.monotonic() > deadline:
+                raise LeaseHeld(f"{os.path.basename(self.path)} is held by {held['owner']}, who keeps renewing it")
+            time.sleep(min(5.0, seconds / 4))
+
+    def keep(self) -> bool:
+        """Renew the lease when a quarter of its life has passed; False once another attempt has taken it."""
+        if time.monotonic() - self.renewed < lease_seconds() / 4:
+            return True
+        if (self.read() or {}).get("owner") != self.owner:
+            return False
+        self.write()
+        return True
+
+    def drop(self) -> None:
+        if (self.read() or {}).get("owner") == self.owner:
+            with contextlib.suppress(OSError):
+                os.remove(self.path)
+
+
+def lease_seconds() -> float:
+    """How long a lease lives without renewal ($LEARNING_LEASE_SECONDS, for tests that lose a node on purpose)."""
+    return float(os.environ.get("LEARNING_LEASE_SECONDS", "60"))
+
+
+def run_trainer(python: str, repo: str, argv: list[str], cwd: str, lease=None) -> tuple[int, str, float]:
+    """Run `python repo/argv[0] argv[1:]` in cwd; (exit status, stderr, seconds). The trainer gets SIGTERM when this
+    worker dies (it saves a checkpoint and stops), and SIGINT when the sweep is cancelled with Ctrl-C. With a `lease`
+    (--storage), it is renewed while the trainer runs; once another attempt has taken it, the trainer is killed at
+    once, before it writes again."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [repo, os.environ.get("PYTHONPATH")] if p))
+    env.setdefault("MPLBACKEND", "Agg")
+    start = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as stderr:  # a file, not a pipe: the wait below never reads it
+        parent_death_signal = linux_prctl()  # looked up here: after fork, the child only calls it
+        proc = subprocess.Popen(
+            [python, os.path.join(repo, argv[0]), *argv[1:]],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            text=True,
+            preexec_fn=lambda: prepare_child(parent_death_signal),
+        )
+        try:
+            while True:  # short waits: ray.cancel's KeyboardInterrupt arrives between them, not inside a long one
+                try:
+                    proc.wait(timeout=1)
+                    break
+                except subprocess.TimeoutExpired:
+                    if lease is not None and not lease.keep():
+                        proc.kill()
+                        proc.wait()
+                        message = "another attempt of this run took over its folder (this one was cut off too long)"
+                        return 1, message, time.perf_counter() - start
+        except BaseException:  # the sweep was cancelled: the trainer saves a checkpoint, then stops
+            proc.send_signal(signal.SIGINT)
+            proc.wait()
+            raise
+        stderr.seek(0)
+        return proc.returncode, stderr.read(), time.perf_counter() - start
+
+
+def pack_folder(folder: str) -> bytes:
+    """The run folder as tar.gz bytes, its contents at the archive's root."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.add(folder, arcname=".")
+    return buffer.getvalue()
+
+
+def unpack_folder(data: bytes, folder: str) -> None:
+    """Replace `folder` with the contents of pack_folder's bytes. They are unpacked beside it first, and the old folder
+    goes only once the new one is whole: an archive that fails to unpack leaves the old folder as it was."""
+    parent = os.path.dirname(os.path.abspath(folder))
+    os.makedirs(parent, exist_ok=True)
+    unpacked = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(folder)}.new-")
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            extract_safely(tar, unpacked)
+    except BaseException:
+        shutil.rmtree(unpacked, ignore_errors=True)
+        raise
+    old = None
+    if os.path.exists(folder):
+        old = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(folder)}.old-")
+        os.rename(folder, os.path.join(old, "folder"))
+    os.rename(unpacked, folder)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def extract_safely(tar: tarfile.TarFile, folder: str) -> None:
+    """Extract only plain files and folders inside `folder`: tarfile's "data" filter where this Python has it
+    (3.10.12, 3.11.4 and later), else the same check written out."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(folder, filter="data")
+        return
+    root = os.path.realpath(folder)
+    for member in tar.getmembers():
+        target = os.path.realpath(os.path.join(folder, member.name))
+        if not (member.isfile() or member.isdir()) or os.path.commonpath([root, target]) != root:
+            raise ValueError(f"refusing to unpack {member.name!r}: not a plain file or folder inside the run folder")
+    tar.extractall(folder)
+
+
+def run_on_cluster(
+    jobs: list[dict], address: str, runs_root: str, working_dir: str, max_retries: int = 3, describe=None, prog=None
+) -> dict[str, int | None]:
+    """Send every job to the cluster at `address` as a Ray task (run_on_node), with `working_dir` uploaded to every
+    node, and unpack each finished run's folder into `runs_root`. A bar counts the runs; each finished one prints a
+    line with the node it ran on and `describe(folder)` (its final return). Returns each job's exit status by label
+    (None for a task that failed); the others still finish. Ctrl-C cancels the runs in flight and keeps those
+    already finished (KeyboardInterrupt is raised after)."""
+    if not jobs:
+        return {}
+    prog = prog or os.path.basename(sys.argv[0])
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # read when ray is imported: each run's "running on" line is kept
+    import ray
+    import ray.cloudpickle
+
+    excludes = list(UPLOAD_EXCLUDES)
+    runs_root = os.path.abspath(runs_root)
+    if runs_root.startswith(working_dir + os.sep):
+        excludes.append(os.path.relpath(runs_root, working_dir))
+    if address not in ("auto", "local") and not ray_address_answers(address):
+        raise LaunchError(f"cannot reach Ray at --ray-address {address}: nothing answers there")
+    try:
+        ray.init(
+            address=address,
+            runtime_env={"working_dir": working_dir, "excludes": excludes},
+            logging_level="ERROR",
+            log_to_driver=True,
+        )
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise LaunchError(f"cannot reach Ray at --ray-address {address}: {str(e).splitlines()[0]}") from None
+    # Workers may not import this module by name (a copy's folder without it): send its functions by value.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        total = ray.cluster_resources().get("CPU", 0)
+        largest = max((node["Resources"].get("CPU", 0) for node in ray.nodes() if node["Alive"]), default=0)
+        too_big = [job for job in jobs if job["cpus"] > largest]
+        if too_big:  # a run needs its CPUs on one node; Ray would wait for such a node forever
+            raise LaunchError(
+                f"{too_big[0]['label']} needs {too_big[0]['cpus']:g} CPUs on one node; the largest node has {largest:g}"
+            )
+        print(f"{prog}: {len(jobs)} runs to the cluster ({total:g} CPUs)", file=sys.stderr, flush=True)
+        task = ray.remote(run_on_node)
+        pending = {}
+        for job in jobs:
+            options = dict(num_cpus=job["cpus"], scheduling_strategy="SPREAD", max_retries=max_retries)
+            pending[task.options(**options, name=job["label"]).remote(job)] = job
+        return collect_runs(pending, runs_root, describe, prog)
+    finally:
+        ray.shutdown()
+
+
+def collect_runs(pending: dict, runs_root: str, describe, prog: str) -> dict[str, int | None]:
+    """Wait for the tasks in `pending` ({ObjectRef: job}) and unpack their run folders as they finish."""
+    import ray
+    from tqdm import tqdm
+
+    total, statuses = len(pending), {}
+    bar = tqdm(total=total, unit="run", file=sys.stderr, dynamic_ncols=True)
+    try:
+        while pending:
+            (ref,), _ = ray.wait(list(pending), num_returns=1)
+            job = pending[ref]  # popped once its folder is unpacked: Ctrl-C before that still keeps it
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayError as e:
+                pending.pop(ref)
+                lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+                statuses[job["label"]] = None
+                bar.write(f"{prog}: failed {job['label']}: {lines[-1] if lines else type(e).__name__}", file=sys.stderr)
+                bar.update()
+                continue
+            bar.write(f"{prog}: {finished_line(job, result, runs_root, describe)}", file=sys.stderr)
+            pending.pop(ref)
+            statuses[job["label"]] = result["returncode"]
+            if result["returncode"] != 0:
+                lines = [line for line in result["stderr"].splitlines() if line.strip()]
+                bar.write(f"{prog}: {job['label']}: {lines[-1] if lines else ''}", file=sys.stderr)
+            bar.update()
+    except KeyboardInterrupt:
+        # Runs that had finished but were not collected yet are unpacked before the others are cancelled.
+        finished, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0) if pending else ([], [])
+        for ref in finished:
+            keep_finished(ref, pending.pop(ref), runs_root, describe, prog, bar)
+        for ref in pending:
+            ray.cancel(ref)  # the task passes Ctrl-C to its trainer, whose checkpoint stays only in --storage
+        if pending:
+            ray.wait(list(pending), num_returns=len(pending), timeout=60)
+        bar.write(f"{prog}: stopped; {total - len(pending)} of {total} runs ended and are kept", file=sys.stderr)
+        raise
+    finally:
+        bar.close()
+    return statuses
+
+
+def keep_finished(ref, job: dict, runs_root: str, describe, prog: str, bar) -> None:
+    """After Ctrl-C: unpack a run that had ended but was not collected yet, and say so."""
+    import ray
+
+    try:
+        result = ray.get(ref, timeout=0)
+    except ray.exceptions.RayError:
+        return  # it failed: nothing to keep
+    bar.write(f"{prog}: {finished_line(job, result, runs_root, describe)}", file=sys.stderr)
+
+
+def finished_line(job: dict, result: dict, runs_root: str, describe) -> str:
+    """Unpack a finished run's folder here and say where it ran and how it ended."""
+    folder = os.path.join(runs_root, job["run_name"])
+    if result["tar"] is not None:
+        unpack_folder(result["tar"], folder)
+    where = f"on {result['host']} (node {result['node_id'][:8]}) in {result['seconds']:.0f} s"
+    if result["returncode"] != 0:
+        return f"failed {job['label']} {where} (exit {result['returncode']})"
+    return f"done {job['label']} {where}: {describe(folder) if describe else 'done'}"

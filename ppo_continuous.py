@@ -12,17 +12,24 @@ update, the training loop. It holds the single run only. The math lives in gae.p
 through Agent and gae.ppo_loss, by one function (clipped_gradient, compiled where it compiles), and every step is the
 optimizer's that make_learner built. fast_paths.py holds the numpy mirror of acting (audited on every rollout) and when
 the compiled gradient steps aside; checkpoints.py and run_management.py what makes a run safe to interrupt, resume and
-compare. Above this file: many_seeds.py (--num-seeds) and dppo_ray.py run its parts many ways.
+compare. --num-seeds launches this file once per seed (many_seeds.py, before torch is imported); dppo_ray.py runs its
+parts many ways.
 """
 
 from __future__ import annotations
 
-import contextlib
+import sys
+
+import many_seeds  # the standard library only
+
+if __name__ == "__main__" and many_seeds.asked(sys.argv[1:]):  # N seeds: N single runs of this file, as processes
+    sys.exit(many_seeds.launch(__file__, sys.argv[1:]))
+
 import functools
 import importlib
 import math
 import os
-import sys
+import traceback
 from dataclasses import dataclass, field
 
 import gymnasium as gym
@@ -33,7 +40,6 @@ from torch.distributions import Distribution, Independent, Normal
 
 import checkpoints
 import gae
-import many_seeds
 from checkpoints import (
     RunState,
     UsageError,
@@ -43,7 +49,7 @@ from checkpoints import (
     training_checkpoint,
     unwrapped,
 )
-from fast_paths import FastPaths, NumpyActor, audit_acting, choose_paths, compile_blockers, compiled_step
+from fast_paths import FastPaths, NumpyActor, audit_acting, choose_paths, compile_blockers, compiled_step, failure
 from run_management import (
     PROG,
     Monitor,
@@ -168,10 +174,13 @@ class Args:
     """compile the minibatch's loss and gradient with torch.compile (cached on disk; eager where it cannot, with one
     line); --no-compile: the same gradient function run eagerly, without the compile's start-up"""
     num_seeds: int = 1
-    """train this many seeds (--seed, --seed + 1, ...) in this one process (many_seeds.py), each running this file's
-    training loop as its single run would (its own envs, random streams, optimizer, folder runs/<run-name>__<seed>)"""
+    """train this many seeds (--seed, --seed + 1, ...), each the single run of this command with its own --seed, in
+    a process of its own and a folder runs/<run-name>__<seed> (many_seeds.py)"""
     seed_processes: int = 0
-    """with --num-seeds: the processes that step the seeds' envs (0: one per core, at most one per seed)"""
+    """with --num-seeds: how many seeds run at once (0: one per core this process may use)"""
+    ray_address: str | None = None
+    """with --num-seeds: run the seeds as Ray tasks on this cluster (`auto`: the one `ray start` set up here), each
+    seed's folder brought back into runs/"""
 
     # to be filled in runtime
     batch_size: int = 0
@@ -357,7 +366,6 @@ class Sampler:
         self.norm_obs = args.norm_obs
         self.seed = seed
         self.rng = np.random.default_rng(seed)
-        self.torch_state = torch.Generator().manual_seed(seed).get_state()
         self.raw_obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(self.envs)])
         self.returns = gae.DiscountedReturn(num_envs, args.gamma)
         self.episode_returns = np.zeros(num_envs)
@@ -377,18 +385,6 @@ class Sampler:
     @rng_state.setter
     def rng_state(self, state: dict) -> None:
         self.rng.bit_generator.state = state
-
-    @contextlib.contextmanager
-    def own_torch_stream(self):
-        """torch's global generator on this sampler's own stream while it acts, so that what its policy draws does not
-        depend on the process it runs in (a single run's, or a sampler process of many_seeds.py)."""
-        outside = torch.get_rng_state()
-        torch.set_rng_state(self.torch_state)
-        try:
-            yield
-        finally:
-            self.torch_state = torch.get_rng_state()
-            torch.set_rng_state(outside)
 
     def make_agent(self) -> Agent:
         return Agent(*self.spaces)
@@ -466,18 +462,17 @@ class Sampler:
         truncations = np.zeros((num_steps, num_envs), bool)
         noise = self.draw_noise((num_steps, num_envs))
         finals = []  # (step, env, last observation) of each episode a time limit cut
-        with self.own_torch_stream():  # a policy that draws (a Dropout) draws the same wherever the sampler runs
-            for step in range(num_steps):
-                # A non-finite observation is acted on as zeros; after the loop its stored row becomes NaN (the guard)
-                acting_obs = self.normalize(raw_obs[step], out=obs[step], fill=0.0)
-                action = self.policy.act(acting_obs, noise[step])
-                actions[step] = action
-                rows = (raw_obs[step + 1], rewards[step], terminations[step], truncations[step])
-                *_, final = step_envs(self.envs, self.env_action(action), rows)
-                for i, last_obs in final.items():
-                    if truncations[step, i] and not terminations[step, i]:
-                        finals.append((step, i, last_obs))
-            return self.finish_sample(obs, raw_obs, actions, rewards, terminations, truncations, noise, finals)
+        for step in range(num_steps):
+            # A non-finite observation is acted on as zeros; after the loop its stored row becomes NaN (the guard)
+            acting_obs = self.normalize(raw_obs[step], out=obs[step], fill=0.0)
+            action = self.policy.act(acting_obs, noise[step])
+            actions[step] = action
+            rows = (raw_obs[step + 1], rewards[step], terminations[step], truncations[step])
+            *_, final = step_envs(self.envs, self.env_action(action), rows)
+            for i, last_obs in final.items():
+                if truncations[step, i] and not terminations[step, i]:
+                    finals.append((step, i, last_obs))
+        return self.finish_sample(obs, raw_obs, actions, rewards, terminations, truncations, noise, finals)
 
     def finish_sample(self, obs, raw_obs, actions, rewards, terminations, truncations, noise, finals) -> dict:
         """The rollout's arrays as the loop left them, and what follows from them on whole arrays: log-probabilities,
@@ -820,8 +815,7 @@ def load_policy(path: str) -> checkpoints.Policy:
 # ---------------------------------------------------------------------------------------------------------------------
 @dataclass
 class Run:
-    """A run: its flags, folder, envs, learner, counters and files. `checkpoint_extra`: what a layer above adds to
-    each checkpoint (many_seeds.py: every seed's checkpoint, for --resume)."""
+    """A run: its flags, folder, envs, learner, counters and files."""
 
     args: Args
     run_dir: str
@@ -829,7 +823,6 @@ class Run:
     learner: Learner
     state: RunState
     monitor: Monitor
-    checkpoint_extra: dict = field(default_factory=dict)
 
 
 def sampler_seed(args: Args, ckpt: dict | None) -> int:
@@ -837,14 +830,10 @@ def sampler_seed(args: Args, ckpt: dict | None) -> int:
     return args.seed + (int(ckpt["global_step"]) if ckpt else 0)
 
 
-def start_run(args: Args, ckpt: dict | None, device: torch.device, sampler=None, command=None, extra=None) -> Run:
-    """A run's envs (`sampler`: one started elsewhere, in its folder), learner (fresh or from its checkpoint), fast
-    paths, run folder and TensorBoard writer. `command`, `extra`: what run.json records, when not this process's."""
-    if sampler is None:  # a bad env fails here
-        run_dir = run_folder(args)
-        sampler = Sampler(args.env_id, args.num_envs, sampler_seed(args, ckpt), args, os.path.join(run_dir, "videos"))
-    else:  # its folder was claimed (run_folder) before the sampler started writing videos into it
-        run_dir = os.path.join("runs", args.run_name)
+def start_run(args: Args, ckpt: dict | None, device: torch.device) -> Run:
+    """A run's envs, learner (fresh or from its checkpoint), fast paths, run folder and TensorBoard writer."""
+    run_dir = run_folder(args)
+    sampler = Sampler(args.env_id, args.num_envs, sampler_seed(args, ckpt), args, os.path.join(run_dir, "videos"))
     learner = make_learner(args, Agent(*sampler.spaces), device)
     learner.agent.obs_layout = sampler.obs_layout
     learner.agent.action_bounds = [sampler.action_space.low, sampler.action_space.high]
@@ -855,7 +844,7 @@ def start_run(args: Args, ckpt: dict | None, device: torch.device, sampler=None,
     elif args.norm_obs and args.obs_warmup_steps:
         learner.obs_rms.update_from_moments(*sampler.warm_up(args.obs_warmup_steps))
     start_fast_paths(learner, args)
-    writer = tensorboard_writer(args, run_dir, state.global_step if args.resume else None, command, extra)
+    writer = tensorboard_writer(args, run_dir, state.global_step if args.resume else None)
     monitor = Monitor(args, writer, state, sampler.spaces[1], learner.fast)
     return Run(args, run_dir, sampler, learner, state, monitor)
 
@@ -863,7 +852,17 @@ def start_run(args: Args, ckpt: dict | None, device: torch.device, sampler=None,
 def save_checkpoint(run: Run) -> None:
     checkpoint = training_checkpoint(run.learner, run.args, run.state, run.monitor.wall_time())
     checkpoint["sampler_rng"] = run.sampler.rng_state
-    save_atomic(checkpoint | run.checkpoint_extra, os.path.join(run.run_dir, "checkpoint.pt"))
+    save_atomic(checkpoint, os.path.join(run.run_dir, "checkpoint.pt"))
+
+
+def sample_rollout(sampler: Sampler, num_steps: int) -> dict:
+    """The sampler's rollout. An env (or edited rollout code) that raises ends the run between two updates, whose
+    state is whole: a checkpoint, and one line naming the exception and where it was raised (StopRun)."""
+    try:
+        return sampler.rollout(num_steps)
+    except Exception as e:  # noqa: BLE001 (said in one line; the run stops)
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        raise StopRun(f"the rollout failed: {failure(e)} ({os.path.basename(where.filename)}:{where.lineno})") from e
 
 
 def rollout_batch(run: Run, rollout: dict) -> dict:
@@ -901,7 +900,7 @@ def training_loop(run: Run, loop: TrainingLoop) -> None:
         iteration = run.state.iteration + 1
         ent_coef = anneal(run.learner.optimizer, args, iteration)
         run.sampler.set_policy(policy_weights(run.learner))
-        batch = rollout_batch(run, run.sampler.rollout(args.num_steps))
+        batch = rollout_batch(run, sample_rollout(run.sampler, args.num_steps))
         stats, problem = ppo_update(run.learner, batch, args, loss_settings(args, ent_coef), iteration)
         log_update(run, batch, stats, problem, ent_coef)
 
@@ -917,8 +916,10 @@ def end_run(run: Run, status: str, keeps_state: bool) -> int:
 
 
 def train(args: Args) -> int:
-    if args.num_seeds > 1:  # many_seeds.py runs this file's training loop for every seed
-        return many_seeds.train(sys.modules[__name__], args)
+    if args.ray_address:
+        raise UsageError("--ray-address sends the seeds of --num-seeds to a cluster: give --num-seeds 2 or more")
+    if args.num_seeds > 1:  # the launch at the top of this file takes it from the command line
+        raise UsageError("--num-seeds launches a process per seed: run this file from the command line")
     ckpt = resume_checkpoint(args)
     run = start_run(args, ckpt, seed_everything(args))
     say_rounded_timesteps(args)

@@ -47,7 +47,6 @@ from checkpoints import (
     resumed_args,
     run_eval_checkpoint,
     save_atomic,
-    speaker,
 )
 
 
@@ -259,10 +258,9 @@ def run_folder(args) -> str:
     return run_dir
 
 
-def tensorboard_writer(args, run_dir: str, resumed_at: int | None, command: list[str] | None = None, extra=None):
+def tensorboard_writer(args, run_dir: str, resumed_at: int | None):
     """The run's TensorBoard SummaryWriter in its folder (with wandb mirroring it under --track), once run.json is
-    written. `resumed_at`: the step a resumed run continues from (None for a new run). `command`: the command line
-    run.json records (default: this process's); `extra`: more fields for run.json."""
+    written. `resumed_at`: the step a resumed run continues from (None for a new run)."""
     if args.track:
         try:
             import wandb
@@ -280,8 +278,8 @@ def tensorboard_writer(args, run_dir: str, resumed_at: int | None, command: list
     from torch.utils.tensorboard.summary import hparams
 
     os.makedirs(run_dir, exist_ok=True)
-    fields = {"hyperparameters": dataclasses.asdict(args), **(extra or {})}
-    record_run(run_dir, command or [PROG, *sys.argv[1:]], fields, resumed_at, env_id=args.env_id)
+    fields = {"hyperparameters": dataclasses.asdict(args)}
+    record_run(run_dir, [PROG, *sys.argv[1:]], fields, resumed_at, env_id=args.env_id)
     # purge_step drops any points a crashed run wrote after the checkpoint, so a resumed curve continues cleanly.
     writer = SummaryWriter(run_dir, purge_step=None if resumed_at is None else resumed_at + 1)
     if resumed_at is None:
@@ -385,6 +383,16 @@ def health_warnings(history: dict[str, list[float]], warmed_up: bool, act_dim: i
     return found
 
 
+def progress_channel():
+    """The pipe a launcher of several seeds (many_seeds.py) reads this run's progress from, named by $PPO_PROGRESS_FD;
+    None when there is none. Taken out of the environment, so that a process this run starts does not write to it."""
+    fd = os.environ.pop("PPO_PROGRESS_FD", None)
+    try:
+        return os.fdopen(int(fd), "w", buffering=1) if fd else None
+    except (OSError, ValueError):
+        return None
+
+
 class Monitor:
     """The console of a run and the guard's bookkeeping: the progress bar, warnings (at most one of a kind per 50
     iterations), the guard's counters and its patience, the health warnings. It reads the step and iteration from the
@@ -408,10 +416,11 @@ class Monitor:
         self.start_time = time.time()
         self.start_step = state.global_step
         total = args.num_iterations * args.batch_size
+        self.launcher = progress_channel()  # a launcher of several seeds shows the progress; this run's bar is off
         self.progress = tqdm(
             total=total,
             initial=min(state.global_step, total),
-            disable=args.quiet,
+            disable=args.quiet or self.launcher is not None,
             unit="step",
             unit_scale=True,
             dynamic_ncols=True,
@@ -422,7 +431,7 @@ class Monitor:
         """At most one warning of a kind per 50 iterations."""
         if iteration - self.last_warned.get(name, -(10**9)) >= 50:
             self.last_warned[name] = iteration
-            tqdm.write(f"{speaker()}warning: {message}", file=sys.stderr)
+            tqdm.write(f"{PROG}: warning: {message}", file=sys.stderr)
 
     def guard(self, batch: dict, problem: str | None) -> bool:
         """Count and report the samples the guard dropped from this batch, and a bad batch (`problem`: the update was
@@ -445,7 +454,7 @@ class Monitor:
         self.bad_in_a_row += 1
         counters["bad_batches"] += 1
         self.writer.add_scalar("guard/bad_batches", counters["bad_batches"], global_step)
-        tqdm.write(f"{speaker()}warning: skipped a bad batch at step {global_step}: {problem}", file=sys.stderr)
+        tqdm.write(f"{PROG}: warning: skipped a bad batch at step {global_step}: {problem}", file=sys.stderr)
         if self.bad_in_a_row >= self.args.guard_patience:
             raise BadBatchError(f"stopping: {self.bad_in_a_row} bad batches in a row (last: {problem})")
         return False
@@ -472,6 +481,9 @@ class Monitor:
         self.progress.update(global_step - self.progress.n)
         recent = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "n/a"
         self.progress.set_postfix_str(f"return={recent}", refresh=False)
+        if self.launcher is not None:
+            with contextlib.suppress(OSError):  # a launcher that has gone does not stop the run
+                self.launcher.write(f"{global_step} {self.progress.total} {recent.replace('n/a', 'nan')}\n")
 
     def wall_time(self) -> float:
         """Seconds of training, earlier sessions of a resumed run included."""
@@ -559,7 +571,7 @@ def save_final_model(monitor: Monitor, learner, state: RunState, script) -> dict
     except Exception as e:  # noqa: BLE001 (an edited policy that cannot act: the run's files must still be written)
         gap = distribution_gap(e) if isinstance(e, NotImplementedError) else None
         eval_error = first_line(gap or e)
-        print(f"{speaker()}error: model saved to {path}, but evaluating it failed: {eval_error}", file=sys.stderr)
+        print(f"{PROG}: error: model saved to {path}, but evaluating it failed: {eval_error}", file=sys.stderr)
         return {"eval_error": eval_error}
     for idx, episodic_return in enumerate(returns):
         monitor.writer.add_scalar("eval/episodic_return", episodic_return, idx)

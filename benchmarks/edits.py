@@ -289,7 +289,8 @@ EDITS |= SEAMS
 # (Adam's state cleared every other iteration, a scheduler stepped each iteration, numpy's global generator drawn),
 # make_learner (a learning rate per parameter group), the Agent (a Python attribute drawn at initialization that
 # differs by seed, a frozen layer) and the loss (a random op); "seed_random_layers" adds a Dropout to the critic and
-# the actor, which train with the eager gradient and act with torch.
+# the actor, which train with the eager gradient and act with torch; "seed_state_everywhere" keeps state outside the
+# run's objects, everywhere a researcher's code can.
 SEED_EDITS = {
     "seed_all_layers": [
         (
@@ -356,7 +357,7 @@ SEED_EDITS = {
             "        self.critic = mlp(obs_dim, 1, out_std=1.0)\n",
             "        self.critic = mlp(obs_dim, 1, out_std=1.0)\n        self.critic.insert(2, nn.Dropout(0.1))\n",
         ),
-        (  # acting draws too: the seeds stepped in lockstep each draw from their own stream
+        (  # acting draws too
             "ppo_continuous.py",
             "        self.actor_mean = mlp(obs_dim, act_dim, out_std=0.01)\n",
             "        self.actor_mean = mlp(obs_dim, act_dim, out_std=0.01)\n"
@@ -366,6 +367,85 @@ SEED_EDITS = {
             "ppo_continuous.py",
             "        ent_coef = anneal(run.learner.optimizer, args, iteration)\n",
             "        ent_coef = anneal(run.learner.optimizer, args, iteration) + 0.01 * np.random.rand()\n",
+        ),
+    ],
+    # State a researcher's code keeps outside the run's objects, each of which a seed sharing a process with others
+    # would see mixed with theirs: module globals, a cache, a class attribute, numpy's and torch's global generators,
+    # an attribute made on first use, an edit of the rollout, and the training loop reading the Sampler's envs.
+    "seed_state_everywhere": [
+        (
+            "ppo_continuous.py",
+            "def ppo_update(",
+            "UPDATES_DONE = 0  # a schedule driven by a module-level counter\n\n\ndef ppo_update(",
+        ),
+        (
+            "ppo_continuous.py",
+            "    problem = too_few_samples(batch)\n",
+            "    global UPDATES_DONE\n"
+            "    UPDATES_DONE += 1\n"
+            "    for group in learner.optimizer.param_groups:\n"
+            '        group["lr"] = group["lr"] / UPDATES_DONE\n'
+            "    problem = too_few_samples(batch)\n",
+        ),
+        (
+            "ppo_continuous.py",
+            "def prepare_batch(",
+            "@functools.lru_cache\n"
+            "def reward_scale() -> float:\n"
+            "    return 1.0 + float(np.random.rand())  # drawn once, cached\n\n\n"
+            'REWARD_MEAN = {"running": 0.0}  # a module-level running statistic\n'
+            "VALUE_OFFSET = 0.0  # a module-level float that Agent.get_value reads\n\n\n"
+            "def prepare_batch(",
+        ),
+        (
+            "ppo_continuous.py",
+            '    rewards = rollout["rewards"]\n',
+            '    REWARD_MEAN["running"] = 0.9 * REWARD_MEAN["running"] + 0.1 * float(rollout["rewards"].mean())\n'
+            '    rewards = rollout["rewards"] * reward_scale() - 0.1 * REWARD_MEAN["running"]\n',
+        ),
+        (
+            "ppo_continuous.py",
+            "class Agent(nn.Module):\n",
+            "class Agent(nn.Module):\n    calls: list = []  # a mutable class attribute\n",
+        ),
+        (
+            "ppo_continuous.py",
+            GET_VALUE,
+            "    def get_value(self, x: torch.Tensor) -> torch.Tensor:\n"
+            "        Agent.calls.append(1)\n"
+            "        scale = 1.0 + 0.001 * min(len(Agent.calls), 50)\n"
+            "        return self.critic(x).squeeze(-1) * scale + VALUE_OFFSET\n",
+        ),
+        (
+            "ppo_continuous.py",
+            "        ent_coef = anneal(run.learner.optimizer, args, iteration)\n",
+            "        ent_coef = anneal(run.learner.optimizer, args, iteration) * len(run.sampler.envs)\n"
+            "        global VALUE_OFFSET\n"
+            "        VALUE_OFFSET += 0.01\n",
+        ),
+        (
+            "ppo_continuous.py",
+            "        return self.rng.standard_normal((*shape, *self.action_space.shape))\n",
+            "        drawn = self.rng.standard_normal((*shape, *self.action_space.shape))\n"
+            "        return drawn + 0.01 * torch.randn(drawn.shape, dtype=torch.float64).numpy()\n",
+        ),
+        (
+            "ppo_continuous.py",
+            "        seen = [self.raw_obs]\n",
+            "        seen = [self.raw_obs]\n        steps += int(np.random.randint(0, 3))\n",
+        ),
+        (
+            "ppo_continuous.py",
+            "            acting_obs = self.normalize(raw_obs[step], out=obs[step], fill=0.0)\n",
+            "            acting_obs = self.normalize(raw_obs[step], out=obs[step], fill=0.0)\n"
+            "            noise[step] += 0.01 * np.random.standard_normal(noise[step].shape)\n",
+        ),
+        (
+            "ppo_continuous.py",
+            "        rollout = self.sample(num_steps)\n",
+            "        rollout = self.sample(num_steps)\n"
+            '        self.rollouts_done = getattr(self, "rollouts_done", 0) + 1  # made on first use\n'
+            '        rollout["rewards"] = rollout["rewards"] + 0.1 * self.rollouts_done  # a reward bonus\n',
         ),
     ],
 }

@@ -8,9 +8,7 @@
   (what --no-compile and --no-fast-path run), each step taken by make_learner's optimizer, on a random batch of the
   env's shapes. Best of --repeats, after a first update that compiles (its time is reported too).
 - The rollout: us per env step of `Sampler.rollout` (what ppo_continuous.py and every DPPO actor run) against the
-  bare `env.step` loop with the same envs, and the share of the rollout spent outside `env.step`. With --seeds N, the
-  rollouts of N seeds stepped in lockstep (many_seeds.rollouts_in_lockstep) and acting in one stacked forward, as a
-  --num-seeds sampler process runs them (`python benchmarks/iteration_profile.py --seeds 4`).
+  bare `env.step` loop with the same envs, and the share of the rollout spent outside `env.step`.
 - The acting audit: ms per iteration of audit_acting (the numpy actor against TorchActor on a real rollout), as a
   share of the iteration (the rollout plus the update).
 Prints a markdown table; with --out, writes it to that file too.
@@ -28,7 +26,6 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import many_seeds  # noqa: E402
 import ppo_continuous as ppo  # noqa: E402
 from fast_paths import audit_acting  # noqa: E402
 
@@ -65,17 +62,16 @@ def profile_update(args: ppo.Args, obs_dim: int, act_dim: int, repeats: int) -> 
     return times
 
 
-def profile_rollout(args: ppo.Args, steps: int, repeats: int, seeds: int = 1) -> dict:
-    """The rollout of `seeds` samplers in lockstep (many_seeds.rollouts_in_lockstep: one is a single run's
-    Sampler.rollout, more a --num-seeds sampler process's), each with a learner of its own, against the bare env.step
-    loop over their envs."""
-    samplers = [ppo.Sampler(args.env_id, args.num_envs, args.seed + k, args) for k in range(seeds)]
+def profile_rollout(args: ppo.Args, steps: int, repeats: int) -> dict:
+    """A single run's Sampler.rollout, with a learner of its own, against the bare env.step loop over its envs."""
+    seeds = 1
+    samplers = [ppo.Sampler(args.env_id, args.num_envs, args.seed, args)]
     for sampler in samplers:
         learner = ppo.make_learner(args, ppo.Agent(*sampler.spaces), torch.device("cpu"))
         learner.obs_rms.update_from_moments(*sampler.warm_up(256))
         ppo.start_fast_paths(learner, args)
         sampler.set_policy(ppo.policy_weights(learner))
-    rollout = best_seconds(lambda: many_seeds.rollouts_in_lockstep(samplers, steps), repeats)
+    rollout = best_seconds(lambda: samplers[0].rollout(steps), repeats)
     sampler = samplers[0]
     sample = sampler.rollout(steps)
     noise = sampler.draw_noise(sample["rewards"].shape)  # the audit's cost does not depend on which noise
@@ -111,13 +107,6 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="iteration_profile.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--env-id", default="HalfCheetah-v5", help="env whose shapes and steps are timed")
     p.add_argument("--repeats", type=int, default=3, help="best of this many timings (default: 3)")
-    p.add_argument(
-        "--seeds",
-        type=int,
-        default=1,
-        help="time the rollout of this many seeds in lockstep, as a --num-seeds sampler process samples them "
-        "(default: 1, a single run's rollout)",
-    )
     p.add_argument("--quick", action="store_true", help="smoke test: one epoch, 256 steps, one repeat")
     p.add_argument("--out", default=None, help="also write the table to this file")
     cfg = p.parse_args(argv)
@@ -126,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     steps, repeats = (256, 1) if cfg.quick else (args.num_steps, cfg.repeats)
     try:
         ppo.validate_args(args)  # the batch and minibatch sizes, as a run computes them
-        rollout = profile_rollout(args, steps, repeats, cfg.seeds)
+        rollout = profile_rollout(args, steps, repeats)
     except ppo.UsageError as e:
         print(f"iteration_profile.py: error: {e}", file=sys.stderr)
         return 2
@@ -134,12 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     update = profile_update(args, env.observation_space.shape[0], env.action_space.shape[0], repeats)
     lines = [
         f"{args.env_id}, CleanRL's defaults ({args.num_envs} env x {args.num_steps} steps, {args.num_minibatches} "
-        f"minibatches, {args.update_epochs} epochs), torch {torch.__version__}, 1 thread, best of {repeats}"
-        + (
-            f"; the rollout of {cfg.seeds} seeds in lockstep (as one --num-seeds sampler process):"
-            if cfg.seeds > 1
-            else ":"
-        ),
+        f"minibatches, {args.update_epochs} epochs), torch {torch.__version__}, 1 thread, best of {repeats}" + ":",
         "",
         "| part | this repo | reference | ratio |",
         "|---|--:|--:|--:|",

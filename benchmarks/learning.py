@@ -27,7 +27,7 @@ included). Otherwise --run refuses in one line naming the first difference, or w
 The tables give each row's code and say so when the runs mix versions.
 --run trains what is missing: --jobs single-process runs (ppo, sb3) at a time, then each DPPO run alone; with
 --ray-address, every run at once as a Ray task on a cluster's nodes, each run's folder coming back here
-(benchmarks/cluster.py). --grid makes configurations of the trainers' flags; each is a row of the tables. --python
+(many_seeds.run_on_cluster). --grid makes configurations of the trainers' flags; each is a row of the tables. --python
 runs ppo and DPPO in another venv's interpreter: dm_control's envs need mujoco 3.x, in the venv that
 benchmarks/requirements-dm_control.txt describes. This file trains; learning_report.py reads the runs and writes the
 tables and plots.
@@ -48,7 +48,6 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from cluster import pack_folder, run_on_cluster
 from common import (
     REPO,
     BenchError,
@@ -61,6 +60,8 @@ from common import (
 )
 from learning_report import TARGETS, plot_curves, plot_grid, read_curve, report_lines, summarize_runs
 
+from many_seeds import LaunchError, pack_folder, run_on_cluster  # common put the repository on the path
+
 # The trainers --run starts besides SB3: script and flags, from the repository root.
 COMMANDS = {
     "ppo": ["ppo_continuous.py"],
@@ -72,12 +73,21 @@ COMMANDS = {
 def run_missing(cfg: argparse.Namespace) -> None:
     """Train every run that is not done. Locally: --jobs single-process runs (ppo, sb3) at a time, then each DPPO run
     with the machine to itself (its actors and learner use every core). With --ray-address: all of them at once, as
-    Ray tasks on the cluster (cluster.py)."""
+    Ray tasks on the cluster (many_seeds.run_on_cluster)."""
     missing = missing_runs(cfg)
     if cfg.ray_address:
         if cfg.storage:
             os.makedirs(cfg.runs_root, exist_ok=True)  # a node that does not see it refuses its runs
-        run_on_cluster([cluster_job(cfg, *run) for run in missing], cfg)
+        jobs = [cluster_job(cfg, *run) for run in missing]
+        try:
+            statuses = run_on_cluster(
+                jobs, cfg.ray_address, cfg.runs_root, REPO, cfg.max_retries, describe=curve_ending, prog="learning.py"
+            )
+        except LaunchError as e:
+            raise BenchError(str(e)) from None
+        failed = [label for label, status in statuses.items() if status != 0]
+        if failed:
+            raise BenchError(f"{len(failed)} of {len(jobs)} runs failed; the first: {failed[0]} (its line is above)")
         return
     root = os.path.abspath(cfg.runs_root)
     single = []
@@ -92,32 +102,8 @@ def run_missing(cfg: argparse.Namespace) -> None:
             continue
         argv = trainer_argv(cfg, (label, impl, config, env_id, seed), folder, status, REPO)
         (distributed if impl.startswith("dppo") else single).append((title, argv, cfg.python))
-    if cfg.seeds_together:
-        single = seeds_together(single, missing, cfg)
     run_jobs(single, cfg.jobs, cwd=os.path.dirname(root))
     run_jobs(distributed, 1, cwd=os.path.dirname(root))
-
-
-def seeds_together(jobs: list[tuple], missing: list[tuple], cfg: argparse.Namespace) -> list[tuple]:
-    """--seeds-together: the new ppo runs of a configuration on an env whose seeds follow each other, as one job of
-    ppo_continuous.py --num-seeds (its folders are the single runs' <label>/<env>__<seed>, and each run.json records
-    its single run's command); every other job as it was."""
-    blocks: dict[tuple, tuple[dict, list[int]]] = {}
-    for label, impl, config, env_id, seed, status in missing:
-        if impl == "ppo" and status == "new":
-            blocks.setdefault((label, env_id), (config, []))[1].append(seed)
-    merged, kept = [], []
-    for (label, env_id), (config, seeds) in blocks.items():
-        for first in [seed for seed in seeds if seed - 1 not in seeds]:
-            count = next(n for n in range(1, len(seeds) + 2) if first + n not in seeds)
-            if count < 2:
-                continue
-            argv = trainer_argv(cfg, (label, "ppo", config, env_id, first), "", "new", REPO)
-            argv = [a for a in argv if not a.startswith("--run-name=")]
-            argv += [f"--run-name={os.path.join(cfg.group, label, env_id)}", f"--num-seeds={count}"]
-            merged.append((f"new {label} on {env_id}, seeds {first} to {first + count - 1} together", argv, cfg.python))
-            kept += [f"new {label} on {env_id}, seed {seed}" for seed in range(first, first + count)]
-    return [job for job in jobs if job[0] not in kept] + merged
 
 
 def missing_runs(cfg: argparse.Namespace) -> list[tuple]:
@@ -259,8 +245,14 @@ def run_python(cfg: argparse.Namespace, impl: str) -> str:
     return sys.executable if impl == "sb3" else cfg.python
 
 
+def curve_ending(folder: str) -> str:
+    """How a run that came back from the cluster ended, in words: the last point of its curve."""
+    curve = read_curve(folder)
+    return f"return {curve[2][-1]:.1f}" if curve is not None else "no episode finished"
+
+
 def cluster_job(cfg: argparse.Namespace, label: str, impl: str, config: dict, env_id: str, seed: int, status: str):
-    """A run as cluster.run_on_node takes it. Its paths are relative: the script's to the repo that Ray uploads, the
+    """A run as many_seeds.run_on_node takes it. Its paths are relative: the script's to the repo that Ray uploads, the
     run folder's to the node's working folder. The run's commands for a fresh start and for resuming: the node picks
     one by what it finds in the folder."""
     run_name = os.path.join(cfg.group, label, f"{env_id}__{seed}")
@@ -376,12 +368,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--seeds", type=int, default=2, help="seeds 1..N (default: 2)")
     p.add_argument(
-        "--seeds-together",
-        action="store_true",
-        help="with --run, locally: train a configuration's new ppo seeds on an env as one process "
-        "(ppo_continuous.py --num-seeds); the run folders and run.json read as the single runs'",
-    )
-    p.add_argument(
         "--runs-root", default="runs", help="where the runs' logs are, in the working directory (default: runs)"
     )
     p.add_argument("--group", default="bench", help="folder under --runs-root (default: bench)")
@@ -412,7 +398,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--ray-address",
         default=None,
         help="with --run: send every run to the Ray cluster at this address (auto, or host:port) as a Ray task, "
-        "spread over its nodes; each run's folder comes back into --runs-root (benchmarks/cluster.py)",
+        "spread over its nodes; each run's folder comes back into --runs-root (many_seeds.run_on_cluster)",
     )
     p.add_argument(
         "--storage",

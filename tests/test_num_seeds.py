@@ -1,13 +1,18 @@
-"""--num-seeds N: N seeds in one process, each trained as its single run would be, each writing what its single run
-writes; an edit reaches every seed; one seed's failure stops that seed only; Ctrl-C checkpoints every seed and
---resume continues them all. Every seed runs the script's own training loop and compiled gradient, so these runs
-compile (Pendulum-v1, whose dynamics do not amplify float rounding over a few iterations)."""
+"""--num-seeds N: N single runs of the script as it was invoked, each a process of its own (many_seeds.py).
+
+Each seed is the command its run.json records, so each seed is that single run bit for bit: every TensorBoard scalar
+(but charts/SPS, a wall-clock rate) and the final checkpoint's weights equal, with exact equality, for the stock script
+and for edits that keep state anywhere a researcher's code can (module globals, caches, class attributes, the global
+random generators, the Sampler). One seed's failure stops that seed only; Ctrl-C or SIGTERM checkpoints every running
+seed and starts no new one; --resume continues them all, or one; refused flags are one line, said once."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+import many_seeds
 from tests.conftest import (
     PPO_SCRIPT,
     REPO,
@@ -31,181 +37,194 @@ from edits import edited_copy  # noqa: E402
 
 RUN = ["--env-id", "Pendulum-v1", "--total-timesteps", "768", "--num-steps", "256", "--num-minibatches", "4"]
 RUN += ["--update-epochs", "2", "--quiet", "--checkpoint-every", "0"]
-TAGS = ["losses/value_loss", "losses/policy_loss", "losses/approx_kl", "losses/entropy", "charts/episodic_return"]
+WALL_CLOCK_TAGS = {"charts/SPS"}
 
 
-def curves(run_dir: Path) -> dict[str, np.ndarray]:
+def all_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar a run logged, by tag, as (step, value): all but the wall-clock rates."""
     events = tensorboard_events(run_dir)
-    return {tag: np.array([e.value for e in events.Scalars(tag)]) for tag in TAGS}
+    tags = [tag for tag in events.Tags()["scalars"] if tag not in WALL_CLOCK_TAGS]
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in tags}
 
 
-def assert_same_training(together: Path, alone: Path) -> None:
-    """The first iterations of two runs agree within float noise (a lockstep's stacked actor rounds otherwise than one
-    seed's)."""
-    a, b = curves(together), curves(alone)
-    for tag in TAGS:
-        assert len(a[tag]) == len(b[tag]) > 0, tag
-        np.testing.assert_allclose(a[tag], b[tag], rtol=1e-3, atol=1e-6, err_msg=tag)
+def assert_identical(seed_dir: Path, single_dir: Path) -> None:
+    """Two runs trained alike, bit for bit: every scalar and every tensor of the final checkpoint equal."""
+    a, b = all_scalars(seed_dir), all_scalars(single_dir)
+    assert a.keys() == b.keys() and "losses/value_loss" in a
+    for tag in a:
+        assert a[tag] == b[tag], tag
+    saved = torch.load(seed_dir / "checkpoint.pt", weights_only=True)
+    single = torch.load(single_dir / "checkpoint.pt", weights_only=True)
+    assert saved["global_step"] == single["global_step"] > 0
+    assert saved["agent"].keys() == single["agent"].keys()
+    for name, value in single["agent"].items():
+        assert torch.equal(saved["agent"][name], value), name
 
 
-def kinds(run_dir: Path) -> set[str]:
-    return {"events" if p.name.startswith("events.") else p.name for p in run_dir.iterdir()}
+def recorded_command(run_dir: Path) -> list[str]:
+    return json.loads((run_dir / "run.json").read_text())["command"]
 
 
-def test_each_seed_trains_and_writes_as_its_single_run(tmp_path):
+def run_recorded_singles(folder: Path, run_dirs: list[Path], script: str = "ppo_continuous.py") -> Path:
+    """Each seed's recorded command run by hand, as its single run, in a fresh working folder beside `folder`'s runs
+    (the same run names; two at a time); returns that folder."""
+    alone = folder / "alone"
+    alone.mkdir()
+    for name in os.listdir(folder):
+        if name.endswith(".py"):  # the scripts and modules of an edited copy
+            shutil.copy(folder / name, alone / name)
+    procs = []
+    for run_dir in run_dirs:
+        command = recorded_command(run_dir)
+        assert command[0] == script
+        procs.append(start_python(alone / script if (alone / script).exists() else PPO_SCRIPT, command[1:], alone))
+        if len(procs) % 2 == 0 or run_dir == run_dirs[-1]:
+            for proc in procs:
+                _, stderr = proc.communicate(timeout=SAFETY_NET)
+                assert proc.returncode == 0, stderr
+            procs = []
+    return alone
+
+
+def test_each_seed_is_its_single_run_bit_for_bit_and_writes_what_it_writes(tmp_path):
     together = run_ppo([*RUN, "--num-seeds", "3", "--run-name", "s", "--save-model", "--eval-episodes", "1"], tmp_path)
     assert together.returncode == 0, together.stderr
-    assert "off at iteration" not in together.stderr and "off:" not in together.stderr  # the fast paths all ran
-    alone = run_ppo([*RUN, "--seed", "2", "--run-name", "alone", "--save-model", "--eval-episodes", "1"], tmp_path)
-    assert alone.returncode == 0, alone.stderr
+    assert "Traceback" not in together.stderr and "off at iteration" not in together.stderr
     runs = tmp_path / "runs"
-    assert sorted(p.name for p in runs.iterdir()) == ["alone", "s__1", "s__2", "s__3"]
-    assert_same_training(runs / "s__2", runs / "alone")
-    assert curves(runs / "s__1")["losses/value_loss"][0] != curves(runs / "s__2")["losses/value_loss"][0]
+    assert sorted(p.name for p in runs.iterdir()) == ["s__1", "s__2", "s__3"]
     for seed in (1, 2, 3):
-        folder = runs / f"s__{seed}"
-        assert kinds(folder) == kinds(runs / "alone")
-        summary = json.loads((folder / "summary.json").read_text())
-        assert summary["status"] == "completed" and summary["env_steps"] == 768
-        assert summary["hyperparameters"]["seed"] == seed
-        assert summary.keys() == json.loads((runs / "alone" / "summary.json").read_text()).keys()
-        assert f"run folder runs/s__{seed}" in together.stdout
-    saved = torch.load(runs / "s__2" / "checkpoint.pt", weights_only=True)["agent"]
-    single = torch.load(runs / "alone" / "checkpoint.pt", weights_only=True)["agent"]
-    for name, value in single.items():
-        torch.testing.assert_close(saved[name], value, rtol=1e-3, atol=1e-5)
-
-
-FROZEN_INIT = """
-import sys, torch
-import ppo_continuous as p
-torch.manual_seed(int(sys.argv[1]))  # as seed_everything seeds a run before its Agent is built
-saved = torch.load(sys.argv[2], weights_only=True)["agent"]
-agent = p.Agent(3, 1)
-print(all(torch.equal(saved[f"critic.0.{n}"], getattr(agent.critic[0], n)) for n in ("weight", "bias")))
-"""
+        command = recorded_command(runs / f"s__{seed}")
+        assert command == ["ppo_continuous.py", *RUN, "--save-model", "--eval-episodes", "1", f"--seed={seed}",
+                           f"--run-name=s__{seed}"]  # fmt: skip
+        assert f"seed {seed}: ppo_continuous.py: completed at step 768; run folder runs/s__{seed}" in together.stdout
+        log = (runs / f"s__{seed}" / "output.log").read_text()
+        assert f"completed at step 768; run folder runs/s__{seed}" in log
+    alone = run_recorded_singles(tmp_path, [runs / f"s__{seed}" for seed in (1, 2, 3)])
+    for seed in (1, 2, 3):
+        assert_identical(runs / f"s__{seed}", alone / "runs" / f"s__{seed}")
+        kinds = {"events" if p.name.startswith("events.") else p.name for p in (runs / f"s__{seed}").iterdir()}
+        single = {
+            "events" if p.name.startswith("events.") else p.name for p in (alone / "runs" / f"s__{seed}").iterdir()
+        }
+        assert kinds == single | {"output.log"}
+    assert all_scalars(runs / "s__1")["losses/value_loss"] != all_scalars(runs / "s__2")["losses/value_loss"]
+    # the closing table: each seed's final return, their mean, std and t-interval, and the TensorBoard command
+    finals = [
+        json.loads((runs / f"s__{s}" / "summary.json").read_text())["mean_return_last_episodes"] for s in (1, 2, 3)
+    ]
+    mean, std, (low, high) = many_seeds.mean_std_interval(finals)
+    assert f"mean {mean:.2f} over 3 seeds, std {std:.2f}, 95% t-interval [{low:.2f}, {high:.2f}]" in together.stdout
+    assert "tensorboard --logdir_spec seed1:runs/s__1,seed2:runs/s__2,seed3:runs/s__3" in together.stdout
+    for seed, final in zip((1, 2, 3), finals):
+        assert any(line.split()[:2] == [str(seed), "completed"] and line.endswith(f"{final:.2f}")
+                   for line in together.stdout.splitlines()), together.stdout  # fmt: skip
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("edit", ["seed_all_layers", "seed_random_layers"])
-def test_edits_of_every_layer_train_in_every_seed_as_in_its_single_run(edit, tmp_path):
-    """benchmarks/edits.py's SEED_EDITS: the update loop, the training loop, make_learner, the Agent (a per-seed
-    attribute, a frozen layer, a Dropout) and the loss (a random op), with numpy's and torch's global generators drawn
-    in the loop and the loss. Each seed of --num-seeds 3 trains as the edited copy's single run with that seed."""
+@pytest.mark.parametrize("edit", ["seed_all_layers", "seed_random_layers", "seed_state_everywhere"])
+def test_edits_that_keep_state_anywhere_train_in_every_seed_as_in_its_single_run(edit, tmp_path):
+    """benchmarks/edits.py's SEED_EDITS: the update loop, the training loop, make_learner, the Agent, the loss, random
+    layers, and state kept in module globals, an lru_cache, a class attribute, numpy's and torch's global generators,
+    an attribute made on first use, an edited Sampler.rollout and the loop reading run.sampler.envs. The copy is run as
+    a researcher runs it, renamed my_ppo.py with the stock script beside it: each seed is the copy's single run."""
     folder = edited_copy(tmp_path, edit)
-    flags = [*RUN, "--no-anneal-lr"]  # the scheduler of seed_all_layers sets the learning rate
-    together = run_python(
-        "ppo_continuous.py", [*flags, "--num-seeds", "3", "--run-name", "e"], folder, repo_on_path=False
-    )
-    assert together.returncode == 0, together.stderr
-    assert "Traceback" not in together.stderr and "off at iteration" not in together.stderr, together.stderr
-    if edit == "seed_random_layers":  # each seed's start-up line names its seed
-        for seed in (1, 2, 3):
-            assert f"ppo_continuous.py: seed {seed}: compiled gradient off: a random layer" in together.stderr
-    ent_coefs = []
-    for seed in (1, 2, 3):
-        alone = run_python(
-            "ppo_continuous.py", [*flags, "--seed", str(seed), "--run-name", f"a{seed}"], folder, repo_on_path=False
-        )
-        assert alone.returncode == 0, alone.stderr
-        assert_same_training(folder / "runs" / f"e__{seed}", folder / "runs" / f"a{seed}")
-        rates = [tensorboard_events(folder / "runs" / f"{name}") for name in (f"e__{seed}", f"a{seed}")]
-        for tag in ("charts/learning_rate", "charts/ent_coef"):
-            np.testing.assert_allclose(*[[e.value for e in r.Scalars(tag)] for r in rates], rtol=1e-6, err_msg=tag)
-        ent_coefs.append([e.value for e in rates[0].Scalars("charts/ent_coef")])
-        if edit == "seed_all_layers":  # the frozen layer kept its initial values in every seed
-            ckpt = folder / "runs" / f"e__{seed}" / "checkpoint.pt"
-            check = run_python("-c", [FROZEN_INIT, str(seed), str(ckpt)], folder, repo_on_path=False)
-            assert check.stdout.strip() == "True", check.stdout + check.stderr
-    assert ent_coefs[0] != ent_coefs[1] and min(min(c) for c in ent_coefs) > 0  # numpy's draws are each seed's own
-
-
-@pytest.mark.slow
-def test_a_researchers_copy_runs_its_own_code_in_every_seed(tmp_path):
-    """cp ppo_continuous.py my_ppo.py, edit it (ReLU for tanh), python my_ppo.py --num-seeds 2: both seeds train the
-    copy's code, as its single runs do, and not the stock script beside it."""
-    folder = edited_copy(tmp_path, "relu")
     (folder / "ppo_continuous.py").rename(folder / "my_ppo.py")
     shutil.copy(REPO / "ppo_continuous.py", folder / "ppo_continuous.py")
-    together = run_python("my_ppo.py", [*RUN, "--num-seeds", "2", "--run-name", "e"], folder, repo_on_path=False)
+    flags = [*RUN, "--no-anneal-lr"]  # the scheduler of seed_all_layers sets the learning rate
+    together = run_python("my_ppo.py", [*flags, "--num-seeds", "2", "--run-name", "e"], folder, repo_on_path=False)
     assert together.returncode == 0, together.stderr
-    for seed in (1, 2):
-        alone = run_python(
-            "my_ppo.py", [*RUN, "--seed", str(seed), "--run-name", f"a{seed}"], folder, repo_on_path=False
-        )
-        assert alone.returncode == 0, alone.stderr
-        assert_same_training(folder / "runs" / f"e__{seed}", folder / "runs" / f"a{seed}")
-    stock = run_python("ppo_continuous.py", [*RUN, "--seed", "2", "--run-name", "stock"], folder, repo_on_path=False)
+    assert "Traceback" not in together.stderr, together.stderr
+    if edit == "seed_random_layers":  # each seed's start-up line, behind its seed
+        for seed in (1, 2):
+            assert f"seed {seed}: my_ppo.py: compiled gradient off: a random layer" in together.stderr
+    runs = [folder / "runs" / f"e__{seed}" for seed in (1, 2)]
+    alone = run_recorded_singles(folder, runs, script="my_ppo.py")
+    for run_dir in runs:
+        assert_identical(run_dir, alone / "runs" / run_dir.name)
+    stock = run_python("ppo_continuous.py", [*flags, "--seed", "1", "--run-name", "stock"], folder, repo_on_path=False)
     assert stock.returncode == 0, stock.stderr
-    edited, unedited = curves(folder / "runs" / "e__2"), curves(folder / "runs" / "stock")
-    assert not np.allclose(edited["losses/policy_loss"], unedited["losses/policy_loss"], rtol=1e-3, atol=1e-6)
+    edited, unedited = all_scalars(runs[0]), all_scalars(folder / "runs" / "stock")
+    assert edited["losses/value_loss"] != unedited["losses/value_loss"], "the copy's seeds train its own code"
+
+
+@pytest.mark.slow
+def test_halfcheetah_seeds_are_their_single_runs_bit_for_bit(tmp_path):
+    """On MuJoCo, where float rounding grows into other episodes, a seed is still its single run, every scalar equal."""
+    args = ["--env-id", "HalfCheetah-v5", "--total-timesteps", "1024", "--num-steps", "512", "--num-minibatches", "8"]
+    args += ["--update-epochs", "2", "--quiet", "--checkpoint-every", "0", "--num-seeds", "2", "--run-name", "h"]
+    together = run_ppo(args, tmp_path)
+    assert together.returncode == 0, together.stderr
+    runs = [tmp_path / "runs" / f"h__{seed}" for seed in (1, 2)]
+    alone = run_recorded_singles(tmp_path, runs)
+    for run_dir in runs:
+        assert_identical(run_dir, alone / "runs" / run_dir.name)
 
 
 @pytest.mark.slow
 def test_a_seed_whose_env_fails_stops_alone_with_its_checkpoint(tmp_path):
-    args = ["--env-id", "tests.envs:FailsForSeed2-v0", "--num-steps", "64", "--num-minibatches", "2"]
+    args = ["--env-id", "tests.envs:FailsForSeed2-v0", "--num-steps", "64", "--num-minibatches", "2", "--no-compile"]
     args += ["--total-timesteps", "640", "--obs-warmup-steps", "0", "--quiet", "--num-seeds", "3", "--run-name", "f"]
     result = run_ppo(args, tmp_path)
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if "seed 2: error: stopped: its env failed" in line]
-    assert len(lines) == 1 and "RuntimeError: simulator diverged at step 300" in lines[0], result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("seed 2: ppo_continuous.py: error: ")]
+    assert len(lines) == 1 and "RuntimeError: simulator diverged at step 300 (envs.py:" in lines[0], result.stderr
     runs = tmp_path / "runs"
     failed = json.loads((runs / "f__2" / "summary.json").read_text())
     assert failed["status"] == "failed" and failed["env_steps"] == 256  # four whole iterations before step 300
     assert torch.load(runs / "f__2" / "checkpoint.pt", weights_only=True)["global_step"] == 256
+    assert "simulator diverged" in (runs / "f__2" / "output.log").read_text()
     for seed in (1, 3):
         summary = json.loads((runs / f"f__{seed}" / "summary.json").read_text())
         assert summary["status"] == "completed" and summary["env_steps"] == 640
+    rows = {
+        line.split()[0]: line.split()[1]
+        for line in result.stdout.splitlines()
+        if line.split()[:1] in (["1"], ["2"], ["3"])
+    }
+    assert rows == {"1": "completed", "2": "failed", "3": "completed"}, result.stdout
+    assert "continue every seed with: python ppo_continuous.py --resume runs/f__1/checkpoint.pt --num-seeds 3" in (
+        result.stdout
+    )
 
 
 @pytest.mark.slow
-def test_ctrl_c_checkpoints_every_seed_and_resume_continues_them_all(tmp_path):
+def test_sigterm_checkpoints_every_running_seed_starts_no_new_one_and_resume_continues_them_all(tmp_path):
     args = ["--env-id", "Pendulum-v1", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2"]
-    args += ["--total-timesteps", "1000000", "--checkpoint-every", "0", "--quiet"]
-    args += ["--num-seeds", "2", "--run-name", "c"]
+    args += ["--total-timesteps", "1000000", "--checkpoint-every", "0", "--quiet", "--no-compile"]
+    args += ["--num-seeds", "3", "--seed-processes", "2", "--run-name", "c"]
     proc = start_python(PPO_SCRIPT, args, tmp_path)
-    for seed in (1, 2):  # each seed has trained once
+    for seed in (1, 2):  # two at a time: seeds 1 and 2 have trained once, seed 3 waits for a free slot
         assert wait_until_trained(tmp_path / "runs" / f"c__{seed}", proc), "the run ended before its first update"
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=SAFETY_NET)
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == 143, stderr
     assert "Traceback" not in stderr
+    assert not (tmp_path / "runs" / "c__3").exists(), "no new seed starts after the signal"
     steps = []
     for seed in (1, 2):
         folder = tmp_path / "runs" / f"c__{seed}"
         assert json.loads((folder / "summary.json").read_text())["status"] == "interrupted"
-        ckpt = torch.load(folder / "checkpoint.pt", weights_only=True)
-        assert ckpt["seed_runs"] == ["runs/c__1/checkpoint.pt", "runs/c__2/checkpoint.pt"]
-        steps.append(ckpt["global_step"])
-    # each seed stops at the end of its iteration under way; the seeds run apart (each waits only for its own
-    # rollouts), so how far each got depends on the machine's speed, not on the code
+        steps.append(torch.load(folder / "checkpoint.pt", weights_only=True)["global_step"])
     assert min(steps) > 0 and all(step % 64 == 0 for step in steps)
+    assert "--resume runs/c__1/checkpoint.pt --num-seeds 3" in stdout
     total = max(steps) + 128
-    resumed = run_ppo(
-        ["--resume", str(Path("runs") / "c__2" / "checkpoint.pt"), "--total-timesteps", str(total)], tmp_path
-    )
+    resumed = run_ppo(["--resume", "runs/c__1/checkpoint.pt", "--num-seeds", "3", "--total-timesteps", str(total)],
+                      tmp_path)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
-    for seed in (1, 2):
+    assert "seed 3 starts: it had not started" in resumed.stderr
+    for seed in (1, 2, 3):
         folder = tmp_path / "runs" / f"c__{seed}"
         assert torch.load(folder / "checkpoint.pt", weights_only=True)["global_step"] == total
         assert json.loads((folder / "summary.json").read_text())["status"] == "completed"
-
-
-@pytest.mark.slow
-def test_num_seeds_is_refused_where_it_does_not_fit(tmp_path):
-    refused = [
-        (run_ppo(["--num-seeds", "0"], tmp_path), "ppo_continuous.py: error: --num-seeds must be positive, got 0"),
-        (run_ppo(["--num-seeds", "2", "--track"], tmp_path), "--track and --num-seeds do not fit together"),
-        (
-            run_python(REPO / "dppo_ray.py", ["--num-seeds", "2"], tmp_path, timeout=SAFETY_NET),
-            "dppo_ray.py: error: --num-seeds and --seed-processes are ppo_continuous.py's",
-        ),
+    resumes = json.loads((tmp_path / "runs" / "c__1" / "run.json").read_text())["resumes"]
+    assert len(resumes) == 1 and resumes[0]["at_step"] == steps[0]
+    seed3 = recorded_command(tmp_path / "runs" / "c__3")  # the launch's flags, with its own seed and folder
+    assert [many_seeds.flag_value(seed3, flag) for flag in ("--seed", "--run-name", "--total-timesteps")] == [
+        "3",
+        "c__3",
+        str(total),
     ]
-    for result, line in refused:
-        assert result.returncode == 2, result.stderr
-        assert line in result.stderr and "Traceback" not in result.stderr
-    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.slow
@@ -214,79 +233,111 @@ def test_resuming_one_seed_alone_leaves_the_others(tmp_path):
     assert run_ppo(args, tmp_path).returncode == 0
     before = (tmp_path / "runs" / "r__1" / "checkpoint.pt").read_bytes()
     ckpt = str(Path("runs") / "r__2" / "checkpoint.pt")
-    resumed = run_ppo(["--resume", ckpt, "--total-timesteps", "1024", "--num-seeds", "1", "--no-compile"], tmp_path)
+    resumed = run_ppo(["--resume", ckpt, "--total-timesteps", "1024", "--no-compile"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert torch.load(tmp_path / ckpt, weights_only=True)["global_step"] == 1024
     assert (tmp_path / "runs" / "r__1" / "checkpoint.pt").read_bytes() == before
 
 
+@pytest.mark.slow
+def test_flags_that_do_not_fit_are_one_line_said_once_and_the_launcher_imports_no_torch(tmp_path):
+    bad_env = run_ppo(["--env-id", "NoSuchEnv-v0", "--num-seeds", "3", "--quiet"], tmp_path)
+    assert bad_env.returncode == 2, bad_env.stderr
+    assert bad_env.stderr.strip().splitlines() == [
+        "ppo_continuous.py: error: cannot make env 'NoSuchEnv-v0': Environment `NoSuchEnv` doesn't exist."
+    ], bad_env.stderr
+    assert not (tmp_path / "runs").exists()
+    (tmp_path / "runs" / "x__2").mkdir(parents=True)
+    # -X importtime in the launcher only: its own imports, in one line each on its stderr
+    taken = subprocess.run(
+        [sys.executable, "-X", "importtime", str(PPO_SCRIPT), *RUN, "--num-seeds", "3", "--run-name", "x"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=SAFETY_NET,
+    )  # fmt: skip
+    assert taken.returncode == 2
+    assert "ppo_continuous.py: error: runs/x__2 already exists: continue the seeds with --resume" in taken.stderr
+    imported = [line.split("|")[-1].strip() for line in taken.stderr.splitlines() if line.startswith("import time:")]
+    assert "many_seeds" in imported and "torch" not in imported and "numpy" not in imported
+    refused = [
+        (run_ppo(["--num-seeds", "0"], tmp_path), "ppo_continuous.py: error: --num-seeds must be positive, got 0"),
+        (run_ppo(["--num-seeds", "2", "--eval-checkpoint", "m"], tmp_path), "--eval-checkpoint evaluates one policy"),
+        (run_ppo(["--num-seeds", "2", "--seed-processes", "-1"], tmp_path), "--seed-processes must be >= 0, got -1"),
+        (run_ppo(["--ray-address", "auto"], tmp_path), "--ray-address sends the seeds of --num-seeds to a cluster"),
+        (
+            run_python(REPO / "dppo_ray.py", ["--num-seeds", "2"], tmp_path, timeout=SAFETY_NET),
+            "dppo_ray.py: error: --num-seeds and --seed-processes are ppo_continuous.py's",
+        ),
+    ]
+    for result, line in refused:
+        assert result.returncode == 2, result.stderr
+        assert line in result.stderr and "Traceback" not in result.stderr
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["x__2"]
+
+
+@pytest.mark.slow
+def test_seeds_on_a_ray_cluster_of_two_nodes_come_home(tmp_path, monkeypatch):
+    from tests.test_sweeps import tagged_cluster
+
+    cluster = tagged_cluster(monkeypatch, 2)
+    try:
+        worker = cluster.add_node(num_cpus=2)
+        cluster.wait_for_nodes()
+        args = [*RUN, "--no-compile", "--num-seeds", "3", "--run-name", "k", "--ray-address", cluster.address]
+        result = run_ppo(args, tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        nodes = set()
+        for seed in (1, 2, 3):
+            folder = tmp_path / "runs" / f"k__{seed}"
+            summary = json.loads((folder / "summary.json").read_text())
+            assert summary["status"] == "completed" and summary["env_steps"] == 768
+            assert recorded_command(folder)[-2:] == [f"--seed={seed}", f"--run-name=k__{seed}"]
+            nodes.add(json.loads((folder / "node.json").read_text())["node_id"])
+            assert f"done seed {seed} on " in result.stderr
+        assert nodes == {cluster.head_node.node_id, worker.node_id}, "the seeds should be spread over both nodes"
+        assert "tensorboard --logdir_spec seed1:runs/k__1,seed2:runs/k__2,seed3:runs/k__3" in result.stdout
+    finally:
+        cluster.shutdown()
+
+
 # ---------------------------------------------------------------------------------------------------------------------
-# A sampler process's seeds step in lockstep and act in one stacked forward
+# The launcher's parts
 # ---------------------------------------------------------------------------------------------------------------------
-def seed_sampler(env_id: str, seed: int, agent_seed: int):
-    """A Sampler with its own envs and a perturbed Agent of its own to act with (on the numpy fast path), its
-    observation statistics from a short warm-up."""
-    import gae
-    import ppo_continuous
-    from tests.conftest import perturbed_agent
-
-    sampler = ppo_continuous.Sampler(env_id, 2, seed, ppo_continuous.Args(env_id=env_id))
-    agent = perturbed_agent(*sampler.spaces, seed=agent_seed)
-    obs_rms = gae.RunningMeanStd(shape=(sampler.spaces[0],))
-    obs_rms.update_from_moments(*sampler.warm_up(16))
-    learner = ppo_continuous.Learner(agent, torch.optim.Adam(agent.parameters()), obs_rms, None)
-    learner.fast.acting = True
-    sampler.set_policy(ppo_continuous.policy_weights(learner))
-    return sampler
-
-
-def test_stacked_actor_acts_as_each_seeds_numpy_actor_and_refuses_what_does_not_stack():
-    from fast_paths import DoesNotFit, NumpyActor, StackedNumpyActor
-    from tests.conftest import perturbed_agent
-
-    agents = [perturbed_agent(17, 6, seed=seed) for seed in range(3)]
-    actors = [NumpyActor(agent) for agent in agents]
-    generator = np.random.default_rng(0)
-    obs = generator.standard_normal((3, 4, 17)).astype(np.float32)
-    noise = generator.standard_normal((3, 4, 6))
-    stacked = StackedNumpyActor(agents, actors).act(obs, noise)
-    expected = np.stack([actor.act(o, z) for actor, o, z in zip(actors, obs, noise)])
-    assert not np.allclose(expected[0], expected[1])  # the seeds' weights differ, and so do their actions
-    np.testing.assert_allclose(stacked, expected, rtol=1e-6, atol=1e-6)
-    agents[1].actor_mean[1] = torch.nn.ReLU()  # one seed's edit: its layers no longer match the others'
-    with pytest.raises(DoesNotFit, match="ReLU|Tanh"):
-        StackedNumpyActor(agents, actors)
-    agents[1].actor_mean[1] = torch.nn.LayerNorm(64)  # a layer with weights of its own that numpy does not mirror
-    with pytest.raises(DoesNotFit):
-        StackedNumpyActor(agents, actors)
+def test_launcher_flags_are_taken_out_and_every_other_flag_kept_in_order():
+    argv = [
+        "--env-id",
+        "Hopper-v5",
+        "--num-seeds=4",
+        "--seed",
+        "3",
+        "--quiet",
+        "--run_name",
+        "x",
+        "--seed-processes",
+        "2",
+    ]
+    assert many_seeds.without_launcher_flags(argv) == ["--env-id", "Hopper-v5", "--quiet"]
+    assert many_seeds.flag_value(argv, "--run-name") == "x" and many_seeds.flag_value(argv, "--num-seeds") == "4"
+    assert many_seeds.asked(argv) and not many_seeds.asked([*argv, "--help"])
+    assert not many_seeds.asked(["--num-seeds", "1"]) and not many_seeds.asked(["--num-seeds", "two"])
+    assert many_seeds.script_defaults(str(PPO_SCRIPT))["env_id"] == "HalfCheetah-v5"
 
 
-def test_seeds_in_lockstep_sample_what_each_samples_alone():
-    import many_seeds
-
-    together = [seed_sampler("Pendulum-v1", seed, seed) for seed in (0, 7)]
-    alone = [seed_sampler("Pendulum-v1", seed, seed) for seed in (0, 7)]
-    # float rounding: the stacked matmul rounds otherwise than one seed's, and a pendulum carries it a little further
-    for _ in range(2):  # the second rollout continues the episodes of the first
-        rollouts = many_seeds.rollouts_in_lockstep(together, 150)
-        for sampler, rollout in zip(alone, rollouts):
-            expected = sampler.rollout(150)
-            assert rollout["acting_problem"] == ""
-            for key in ("obs", "actions", "logprobs", "rewards", "next_obs", "final_obs", "obs_mean"):
-                np.testing.assert_allclose(rollout[key], expected[key], rtol=1e-4, atol=1e-4, err_msg=key)
-            for key in ("terminations", "truncations", "final_index", "episode_lengths"):
-                np.testing.assert_array_equal(rollout[key], expected[key], err_msg=key)
-    assert rollouts[1]["final_index"].size > 0  # an episode ended (Pendulum's end at 200 steps) in the second rollout
-    assert not np.allclose(rollouts[0]["actions"], rollouts[1]["actions"])
+def test_new_seeds_are_the_single_runs_of_this_command(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    seeds = many_seeds.new_seeds(str(PPO_SCRIPT), ["--env-id", "Hopper-v5", "--num-seeds", "2", "--seed", "5"])
+    assert [s.seed for s in seeds] == [5, 6]
+    names = [s.run_dir for s in seeds]
+    assert names[0].startswith(os.path.join("runs", "Hopper-v5__ppo_continuous__")) and names[0].endswith("__5")
+    assert seeds[1].flags == ["--env-id", "Hopper-v5", "--seed=6", f"--run-name={os.path.basename(names[1])}"]
 
 
-def test_a_seed_whose_env_raises_in_lockstep_gets_the_error_and_the_others_their_rollouts():
-    import many_seeds
-    import tests.envs  # noqa: F401 (registers FailsForSeed2-v0)
+def test_the_t_interval_is_students_for_few_seeds():
+    from scipy import stats
 
-    samplers = [seed_sampler("FailsForSeed2-v0", seed, seed) for seed in (0, 2, 4)]  # envs seeded 0, 1; 2, 3; 4, 5
-    rollouts = many_seeds.rollouts_in_lockstep(samplers, 400)
-    assert isinstance(rollouts[1], RuntimeError) and "simulator diverged" in str(rollouts[1])
-    assert [rollouts[k]["env_steps"] for k in (0, 2)] == [800, 800]
-    again = many_seeds.rollouts_in_lockstep([samplers[0], samplers[2]], 10)  # the others go on
-    assert all(rollout["env_steps"] == 20 for rollout in again)
+    for df in (1, 2, 4, 9, 29, 30, 31, 50, 200):
+        assert many_seeds.t_quantile_975(df) == pytest.approx(stats.t.ppf(0.975, df), abs=1.5e-3), df
+    values = [1.0, 2.0, 4.0]
+    mean, std, (low, high) = many_seeds.mean_std_interval(values)
+    half = stats.t.ppf(0.975, 2) * np.std(values, ddof=1) / np.sqrt(3)
+    assert mean == pytest.approx(7 / 3) and std == pytest.approx(np.std(values, ddof=1))
+    assert (low, high) == pytest.approx((mean - half, mean + half), abs=1e-2)
+    assert many_seeds.mean_std_interval([5.0]) == (5.0, None, None)

@@ -1,7 +1,7 @@
 """benchmarks/learning.py's configurations (--grid) and its runs on a Ray cluster (--ray-address and
-benchmarks/cluster.py), on a 2-node ray.cluster_utils.Cluster on this machine: runs land on both nodes, their folders
-come back to the head, the table groups by configuration, a lost node costs only a retry, Ctrl-C keeps what finished,
-and a second invocation runs only what is missing."""
+many_seeds.run_on_cluster), on a 2-node ray.cluster_utils.Cluster on this machine: runs land on both nodes, their
+folders come back to the head, the table groups by configuration, a lost node costs only a retry, Ctrl-C keeps what
+finished, and a second invocation runs only what is missing."""
 
 from __future__ import annotations
 
@@ -403,27 +403,8 @@ def test_a_sweep_refuses_other_versions_a_changed_env_module_a_run_extended_by_h
     refused(run_local_sweep(tmp_path, *flags), "was resumed with --total-timesteps=2048 (by hand")
 
 
-@pytest.mark.slow
-def test_seeds_together_train_as_one_process_and_read_as_the_single_runs(tmp_path):
-    """--seeds-together trains a configuration's new seeds as one ppo_continuous.py --num-seeds process; each seed's
-    folder and run.json are the single run's, so a sweep without it reuses them, and the table cannot tell."""
-    flags = ["--seeds", "2", "--total-timesteps", "1024", "--num-minibatches", "4"]
-    together = run_local_sweep(tmp_path, *flags, "--seeds-together")
-    assert together.returncode == 0, together.stderr[-3000:]
-    assert "seeds 1 to 2 together" in together.stderr and "seed 1 ..." not in together.stderr
-    for seed in (1, 2):
-        record = json.loads((tmp_path / "runs" / "bench" / "ppo" / f"Pendulum-v1__{seed}" / "run.json").read_text())
-        assert f"--seed={seed}" in record["command"] and not any("--num-seeds" in x for x in record["command"])
-        assert "--num-seeds=2" in record["launched_by"]
-    table = (tmp_path / "out" / "learning.md").read_text()
-    assert "Mixed code" not in table and "| Pendulum-v1 | ppo | 2 |" in table
-    apart = run_local_sweep(tmp_path, "--seeds", "3", "--total-timesteps", "1024", "--num-minibatches", "4")
-    assert apart.returncode == 0, apart.stderr[-3000:]
-    assert "new ppo on Pendulum-v1, seed 3" in apart.stderr and "seed 1" not in apart.stderr  # seeds 1, 2 reused
-
-
 def test_unpack_folder_replaces_the_old_folder_only_once_the_new_one_is_whole(tmp_path):
-    from cluster import pack_folder, unpack_folder
+    from many_seeds import pack_folder, unpack_folder
 
     source = tmp_path / "source"
     (source / "sub").mkdir(parents=True)
@@ -445,7 +426,7 @@ def test_lease_gives_a_run_folder_one_writer_at_a_time(tmp_path, monkeypatch):
     was lost), the second takes it over, and the first, if it comes back, finds it gone. The lease is a clock by design:
     its holder renews it every quarter of its 3 s, so the renewing thread may stall for two seconds on a busy machine
     before the lease goes stale under it."""
-    from cluster import Lease, LeaseHeld
+    from many_seeds import Lease, LeaseHeld
 
     monkeypatch.setenv("LEARNING_LEASE_SECONDS", "3")
     path = str(tmp_path / "runs" / "Hopper-v5__1.lease")
@@ -479,7 +460,7 @@ def test_lease_gives_a_run_folder_one_writer_at_a_time(tmp_path, monkeypatch):
 def test_orphaned_work_folders_of_dead_workers_are_removed(tmp_path, monkeypatch):
     import tempfile
 
-    from cluster import WORK_PREFIX, remove_orphaned_work_folders
+    from many_seeds import WORK_PREFIX, remove_orphaned_work_folders
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
