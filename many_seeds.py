@@ -508,6 +508,12 @@ def exit_status(ended: list[Ended], signum: int | None) -> int:
     return 1 if any(e.returncode != 0 for e in ended) else 0
 
 
+def usable_cores() -> int:
+    """The cores this process may use (its affinity, where the OS has one)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity else os.cpu_count() or 1
+
+
 def launch(script: str, argv: list[str]) -> int:
     """--num-seeds N: every seed's single run, here or on a Ray cluster; the closing table; the exit status (0 when
     every seed completed, 1 when one failed, 2 for flags refused, 130 or 143 after Ctrl-C or SIGTERM)."""
@@ -516,20 +522,20 @@ def launch(script: str, argv: list[str]) -> int:
     try:
         seeds = plan(script, argv)
         address = flag_value(argv, "--ray-address")
-        parallel = whole_number(argv, "--seed-processes", 0, 0) or len(os.sched_getaffinity(0))
+        parallel = whole_number(argv, "--seed-processes", 0, 0) or usable_cores()
     except LaunchError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     quiet = "--quiet" in argv
     if address:
         try:
-            ended, signum = seeds_on_cluster(script, seeds, address), None
+            ended, not_started, signum = seeds_on_cluster(script, seeds, address)
         except LaunchError as e:
             print(f"{prog}: error: {e}", file=sys.stderr)
             return 2
-        except KeyboardInterrupt:
-            ended, signum = [], signal.SIGINT
-        not_started = []
+        except KeyboardInterrupt:  # a second signal cancelled the seeds in flight
+            print(f"{prog}: cancelled; the seeds that had ended are in runs/", file=sys.stderr)
+            return 130
     else:
         run = Launch(script, seeds, parallel, quiet)
         ended, signum = run.run(), run.signum
@@ -550,9 +556,10 @@ def launch(script: str, argv: list[str]) -> int:
 # ---------------------------------------------------------------------------------------------------------------------
 # On a Ray cluster: every run a Ray task, its folder packed on the node and unpacked here
 # ---------------------------------------------------------------------------------------------------------------------
-def seeds_on_cluster(script: str, seeds: list[Seed], address: str) -> list[Ended]:
+def seeds_on_cluster(script: str, seeds: list[Seed], address: str) -> tuple[list[Ended], list[Seed], int | None]:
     """Every seed a task of run_on_cluster, from the script's folder (which Ray uploads to the nodes); their folders
-    come back into this runs folder."""
+    come back into this runs folder. Returns how each seed that ran ended, the seeds that never started (a signal came
+    first), and that signal."""
     repo = os.path.dirname(script)
     jobs = []
     for seed in seeds:
@@ -576,8 +583,9 @@ def seeds_on_cluster(script: str, seeds: list[Seed], address: str) -> list[Ended
                 "cpus": 1,
             }
         )
-    results = run_on_cluster(jobs, address, os.path.abspath("runs"), repo, describe=final_return)
-    return [Ended(seed, results.get(f"seed {seed.seed}")) for seed in seeds]
+    statuses, signum = run_on_cluster(jobs, address, os.path.abspath("runs"), repo, describe=final_return)
+    ended = [Ended(seed, statuses[f"seed {seed.seed}"]) for seed in seeds if f"seed {seed.seed}" in statuses]
+    return ended, [seed for seed in seeds if f"seed {seed.seed}" not in statuses], signum
 
 
 def final_return(folder: str) -> str:
@@ -603,7 +611,8 @@ def ray_address_answers(address: str) -> bool:
 def run_on_node(job: dict) -> dict:
     """(In a Ray worker.) Train one run on this node and say where it ran, how it ended and, unless its folder is in
     the shared --storage, return that folder as a tar.gz. The run resumes from a checkpoint if its folder has one:
-    the half-finished folder the head sent, or, with --storage, what an attempt on a lost node left."""
+    the half-finished folder the head sent, or, with --storage, what an attempt on a lost node left. A run whose
+    head was stopped before it started returns at once, with no exit status."""
     import ray
 
     node = {
@@ -617,6 +626,8 @@ def run_on_node(job: dict) -> dict:
     if job["storage"] and not os.path.isdir(os.path.join(job["storage"], "runs")):
         message = f"--storage {job['storage']} is not there on {node['host']}: mount it on every node"
         return {**node, "returncode": 2, "stderr": message, "seconds": 0.0, "tar": None}
+    if job.get("stop") is not None and asked_to_stop(job["stop"]):
+        return {**node, "returncode": None, "stderr": "", "seconds": 0.0, "tar": None}  # stopped before it started
     remove_orphaned_work_folders()
     work = job["storage"] or tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}_")
     folder = os.path.join(work, "runs", job["run_name"])
@@ -632,7 +643,8 @@ def run_on_node(job: dict) -> dict:
             shutil.rmtree(folder, ignore_errors=True)  # a folder without a checkpoint: the run starts afresh
             argv = job["argv"]["new"]
         os.makedirs(os.path.join(work, "runs"), exist_ok=True)
-        returncode, stderr, seconds = run_trainer(job["python"] or sys.executable, repo, argv, work, lease)
+        python = job["python"] or sys.executable
+        returncode, stderr, seconds = run_trainer(python, repo, argv, work, lease, job.get("stop"), folder)
         if os.path.isdir(folder):  # where it ran, for the head and the tests
             with open(os.path.join(folder, "node.json"), "w") as f:
                 json.dump({**node, "seconds": round(seconds, 1)}, f)
@@ -758,32 +770,39 @@ def lease_seconds() -> float:
     return float(os.environ.get("LEARNING_LEASE_SECONDS", "60"))
 
 
-def run_trainer(python: str, repo: str, argv: list[str], cwd: str, lease=None) -> tuple[int, str, float]:
-    """Run `python repo/argv[0] argv[1:]` in cwd; (exit status, stderr, seconds). The trainer gets SIGTERM when this
-    worker dies (it saves a checkpoint and stops), and SIGINT when the sweep is cancelled with Ctrl-C. With a `lease`
-    (--storage), it is renewed while the trainer runs; once another attempt has taken it, the trainer is killed at
-    once, before it writes again."""
+def run_trainer(
+    python: str, repo: str, argv: list[str], cwd: str, lease=None, stop=None, folder: str | None = None
+) -> tuple[int, str, float]:
+    """Run `python repo/argv[0] argv[1:]` in cwd; (exit status, its output, seconds). The trainer gets SIGINT once the
+    head sets `stop` (a StopFlag: it saves a checkpoint, and its folder still goes home) or cancels the task, and
+    SIGTERM when this worker dies (it saves a checkpoint and stops). With a `lease` (--storage), it is renewed while
+    the trainer runs; once another attempt has taken it, the trainer is killed at once, before it writes again. Its
+    output (stdout and stderr) is added to `folder`/output.log when it has made that folder."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [repo, os.environ.get("PYTHONPATH")] if p))
     env.setdefault("MPLBACKEND", "Agg")
     start = time.perf_counter()
-    with tempfile.TemporaryFile("w+") as stderr:  # a file, not a pipe: the wait below never reads it
+    with tempfile.TemporaryFile("w+") as output:  # a file, not a pipe: the wait below never reads it
         parent_death_signal = linux_prctl()  # looked up here: after fork, the child only calls it
         proc = subprocess.Popen(
             [python, os.path.join(repo, argv[0]), *argv[1:]],
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
+            stdout=output,
+            stderr=subprocess.STDOUT,
             text=True,
             preexec_fn=lambda: prepare_child(parent_death_signal),
         )
+        stopping = False
         try:
             while True:  # short waits: ray.cancel's KeyboardInterrupt arrives between them, not inside a long one
                 try:
                     proc.wait(timeout=1)
                     break
                 except subprocess.TimeoutExpired:
+                    if stop is not None and not stopping and asked_to_stop(stop):
+                        stopping = True
+                        proc.send_signal(signal.SIGINT)  # it saves a checkpoint after its iteration
                     if lease is not None and not lease.keep():
                         proc.kill()
                         proc.wait()
@@ -793,8 +812,38 @@ def run_trainer(python: str, repo: str, argv: list[str], cwd: str, lease=None) -
             proc.send_signal(signal.SIGINT)
             proc.wait()
             raise
-        stderr.seek(0)
-        return proc.returncode, stderr.read(), time.perf_counter() - start
+        output.seek(0)
+        text = output.read()
+        if folder is not None and os.path.isdir(folder):
+            with open(os.path.join(folder, "output.log"), "a") as log:
+                log.write(text)
+        return proc.returncode, text, time.perf_counter() - start
+
+
+class StopFlag:
+    """(A Ray actor of the head's.) Set once the head is asked to stop: each run's task then stops its trainer, which
+    saves a checkpoint, and returns its folder as usual."""
+
+    def __init__(self):
+        self.stopped = False
+
+    def set(self) -> None:
+        self.stopped = True
+
+    def is_set(self) -> bool:
+        return self.stopped
+
+
+def asked_to_stop(stop) -> bool:
+    """Whether the head set its StopFlag (or is gone: its actor died with it)."""
+    import ray
+
+    try:
+        return bool(ray.get(stop.is_set.remote(), timeout=30))
+    except ray.exceptions.GetTimeoutError:
+        return False
+    except ray.exceptions.RayError:
+        return True
 
 
 def pack_folder(folder: str) -> bytes:
@@ -842,14 +891,15 @@ def extract_safely(tar: tarfile.TarFile, folder: str) -> None:
 
 def run_on_cluster(
     jobs: list[dict], address: str, runs_root: str, working_dir: str, max_retries: int = 3, describe=None, prog=None
-) -> dict[str, int | None]:
+) -> tuple[dict[str, int | None], int | None]:
     """Send every job to the cluster at `address` as a Ray task (run_on_node), with `working_dir` uploaded to every
     node, and unpack each finished run's folder into `runs_root`. A bar counts the runs; each finished one prints a
     line with the node it ran on and `describe(folder)` (its final return). Returns each job's exit status by label
-    (None for a task that failed); the others still finish. Ctrl-C cancels the runs in flight and keeps those
-    already finished (KeyboardInterrupt is raised after)."""
+    (None for a task that failed; the others still finish), and the signal that stopped them (None when none did).
+    Ctrl-C or SIGTERM stops every run in flight after its iteration, with a checkpoint, and brings its folder home as
+    a finished one's; no new run starts. A second signal cancels them (their checkpoints stay only in --storage)."""
     if not jobs:
-        return {}
+        return {}, None
     prog = prog or os.path.basename(sys.argv[0])
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # read when ray is imported: each run's "running on" line is kept
     import ray
@@ -881,27 +931,41 @@ def run_on_cluster(
                 f"{too_big[0]['label']} needs {too_big[0]['cpus']:g} CPUs on one node; the largest node has {largest:g}"
             )
         print(f"{prog}: {len(jobs)} runs to the cluster ({total:g} CPUs)", file=sys.stderr, flush=True)
+        stop = ray.remote(num_cpus=0)(StopFlag).remote()
         task = ray.remote(run_on_node)
         pending = {}
         for job in jobs:
             options = dict(num_cpus=job["cpus"], scheduling_strategy="SPREAD", max_retries=max_retries)
-            pending[task.options(**options, name=job["label"]).remote(job)] = job
-        return collect_runs(pending, runs_root, describe, prog)
+            pending[task.options(**options, name=job["label"]).remote({**job, "stop": stop})] = job
+        return collect_runs(pending, runs_root, describe, prog, stop)
     finally:
         ray.shutdown()
 
 
-def collect_runs(pending: dict, runs_root: str, describe, prog: str) -> dict[str, int | None]:
-    """Wait for the tasks in `pending` ({ObjectRef: job}) and unpack their run folders as they finish."""
+def collect_runs(pending: dict, runs_root: str, describe, prog: str, stop) -> tuple[dict[str, int | None], int | None]:
+    """Wait for the tasks in `pending` ({ObjectRef: job}) and unpack their run folders as they finish. The first Ctrl-C
+    or SIGTERM sets `stop`: the runs in flight stop with their checkpoints and come home, those not started never
+    run; a second one cancels them."""
     import ray
     from tqdm import tqdm
 
-    total, statuses = len(pending), {}
+    total, statuses, stopped = len(pending), {}, None
+
+    def on_signal(signum, frame):
+        nonlocal stopped
+        if stopped is not None:
+            raise KeyboardInterrupt
+        stopped = signum
+        name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+        bar.write(f"{prog}: {name}: the runs in flight stop with a checkpoint and come back (again: cancel them)")
+        stop.set.remote()  # the runs not started yet return at once, unstarted
+
     bar = tqdm(total=total, unit="run", file=sys.stderr, dynamic_ncols=True)
+    handlers = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         while pending:
             (ref,), _ = ray.wait(list(pending), num_returns=1)
-            job = pending[ref]  # popped once its folder is unpacked: Ctrl-C before that still keeps it
+            job = pending[ref]  # popped once its folder is unpacked: a signal before that still keeps it
             try:
                 result = ray.get(ref)
             except ray.exceptions.RayError as e:
@@ -911,13 +975,17 @@ def collect_runs(pending: dict, runs_root: str, describe, prog: str) -> dict[str
                 bar.write(f"{prog}: failed {job['label']}: {lines[-1] if lines else type(e).__name__}", file=sys.stderr)
                 bar.update()
                 continue
-            bar.write(f"{prog}: {finished_line(job, result, runs_root, describe)}", file=sys.stderr)
             pending.pop(ref)
+            bar.update()
+            if result["returncode"] is None:  # it never started: the head had been stopped
+                continue
+            bar.write(f"{prog}: {finished_line(job, result, runs_root, describe)}", file=sys.stderr)
             statuses[job["label"]] = result["returncode"]
             if result["returncode"] != 0:
                 lines = [line for line in result["stderr"].splitlines() if line.strip()]
                 bar.write(f"{prog}: {job['label']}: {lines[-1] if lines else ''}", file=sys.stderr)
-            bar.update()
+        if stopped is not None:
+            bar.write(f"{prog}: stopped; every run in flight came back with its checkpoint", file=sys.stderr)
     except KeyboardInterrupt:
         # Runs that had finished but were not collected yet are unpacked before the others are cancelled.
         finished, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0) if pending else ([], [])
@@ -930,8 +998,10 @@ def collect_runs(pending: dict, runs_root: str, describe, prog: str) -> dict[str
         bar.write(f"{prog}: stopped; {total - len(pending)} of {total} runs ended and are kept", file=sys.stderr)
         raise
     finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
         bar.close()
-    return statuses
+    return statuses, stopped
 
 
 def keep_finished(ref, job: dict, runs_root: str, describe, prog: str, bar) -> None:

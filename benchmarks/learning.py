@@ -80,11 +80,13 @@ def run_missing(cfg: argparse.Namespace) -> None:
             os.makedirs(cfg.runs_root, exist_ok=True)  # a node that does not see it refuses its runs
         jobs = [cluster_job(cfg, *run) for run in missing]
         try:
-            statuses = run_on_cluster(
+            statuses, stopped = run_on_cluster(
                 jobs, cfg.ray_address, cfg.runs_root, REPO, cfg.max_retries, describe=curve_ending, prog="learning.py"
             )
         except LaunchError as e:
             raise BenchError(str(e)) from None
+        if stopped is not None:  # the runs in flight came back with their checkpoints: the same command resumes them
+            raise KeyboardInterrupt
         failed = [label for label, status in statuses.items() if status != 0]
         if failed:
             raise BenchError(f"{len(failed)} of {len(jobs)} runs failed; the first: {failed[0]} (its line is above)")

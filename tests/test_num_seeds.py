@@ -8,12 +8,14 @@ seed and starts no new one; --resume continues them all, or one; refused flags a
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +61,12 @@ def assert_identical(seed_dir: Path, single_dir: Path) -> None:
     assert saved["agent"].keys() == single["agent"].keys()
     for name, value in single["agent"].items():
         assert torch.equal(saved["agent"][name], value), name
+
+
+def trained_once(run_dir: Path) -> bool:
+    """Whether a run's TensorBoard events hold an update's losses (it has trained once)."""
+    events = list(run_dir.glob("events.*"))
+    return bool(events) and "losses/approx_kl" in tensorboard_events(run_dir).Tags()["scalars"]
 
 
 def recorded_command(run_dir: Path) -> list[str]:
@@ -274,26 +282,51 @@ def test_flags_that_do_not_fit_are_one_line_said_once_and_the_launcher_imports_n
 
 
 @pytest.mark.slow
-def test_seeds_on_a_ray_cluster_of_two_nodes_come_home(tmp_path, monkeypatch):
+def test_seeds_on_a_ray_cluster_of_two_nodes_stop_with_checkpoints_come_home_and_resume(tmp_path, monkeypatch):
+    """3 seeds on a 2-node ray.cluster_utils.Cluster: SIGTERM to the launcher stops each seed on its node with a
+    checkpoint, and every folder comes home; --resume continues all three on the cluster, and they come home done."""
+    import tempfile
+
+    from many_seeds import WORK_PREFIX
     from tests.test_sweeps import tagged_cluster
 
     cluster = tagged_cluster(monkeypatch, 2)
     try:
         worker = cluster.add_node(num_cpus=2)
         cluster.wait_for_nodes()
-        args = [*RUN, "--no-compile", "--num-seeds", "3", "--run-name", "k", "--ray-address", cluster.address]
-        result = run_ppo(args, tmp_path)
-        assert result.returncode == 0, result.stderr[-3000:]
+        address = ["--ray-address", cluster.address]
+        args = ["--env-id", "Pendulum-v1", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2"]
+        args += ["--total-timesteps", "300000", "--checkpoint-every", "0", "--quiet", "--no-compile"]
+        proc = cluster.own.start(PPO_SCRIPT, [*args, "--num-seeds", "3", "--run-name", "k", *address], tmp_path)
+        for seed in (1, 2, 3):  # each seed's folder on its node (this machine's temporary folder) has trained once
+            pattern = os.path.join(tempfile.gettempdir(), f"{WORK_PREFIX}*", "runs", f"k__{seed}")
+            while proc.poll() is None and not any(trained_once(Path(p)) for p in glob.glob(pattern)):
+                time.sleep(0.5)
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=SAFETY_NET)
+        assert proc.returncode == 143, stderr[-3000:]
+        assert "Traceback" not in stderr, stderr[-3000:]
+        steps = []
+        for seed in (1, 2, 3):
+            folder = tmp_path / "runs" / f"k__{seed}"
+            assert json.loads((folder / "summary.json").read_text())["status"] == "interrupted", stderr[-3000:]
+            steps.append(torch.load(folder / "checkpoint.pt", weights_only=True)["global_step"])
+            assert "interrupted at step" in (folder / "output.log").read_text()
+        total = max(steps) + 128
+        resume = ["--resume", "runs/k__1/checkpoint.pt", "--num-seeds", "3", "--total-timesteps", str(total)]
+        resumed = cluster.own.run(PPO_SCRIPT, [*resume, *address], tmp_path)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
         nodes = set()
         for seed in (1, 2, 3):
             folder = tmp_path / "runs" / f"k__{seed}"
             summary = json.loads((folder / "summary.json").read_text())
-            assert summary["status"] == "completed" and summary["env_steps"] == 768
-            assert recorded_command(folder)[-2:] == [f"--seed={seed}", f"--run-name=k__{seed}"]
+            assert summary["status"] == "completed" and summary["env_steps"] == total
+            assert many_seeds.flag_value(recorded_command(folder), "--seed") == str(seed)
             nodes.add(json.loads((folder / "node.json").read_text())["node_id"])
-            assert f"done seed {seed} on " in result.stderr
+            assert f"done seed {seed} on " in resumed.stderr
         assert nodes == {cluster.head_node.node_id, worker.node_id}, "the seeds should be spread over both nodes"
-        assert "tensorboard --logdir_spec seed1:runs/k__1,seed2:runs/k__2,seed3:runs/k__3" in result.stdout
+        assert "tensorboard --logdir_spec seed1:runs/k__1,seed2:runs/k__2,seed3:runs/k__3" in resumed.stdout
     finally:
         cluster.shutdown()
 
