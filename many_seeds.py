@@ -835,15 +835,14 @@ class StopFlag:
 
 
 def asked_to_stop(stop) -> bool:
-    """Whether the head set its StopFlag (or is gone: its actor died with it)."""
+    """Whether the head set its StopFlag. (An answer that does not come says no: the flag lives on the head's node,
+    and a head that is gone takes its job's tasks with it.)"""
     import ray
 
     try:
         return bool(ray.get(stop.is_set.remote(), timeout=30))
-    except ray.exceptions.GetTimeoutError:
-        return False
     except ray.exceptions.RayError:
-        return True
+        return False
 
 
 def pack_folder(folder: str) -> bytes:
@@ -904,6 +903,7 @@ def run_on_cluster(
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # read when ray is imported: each run's "running on" line is kept
     import ray
     import ray.cloudpickle
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     excludes = list(UPLOAD_EXCLUDES)
     runs_root = os.path.abspath(runs_root)
@@ -931,7 +931,9 @@ def run_on_cluster(
                 f"{too_big[0]['label']} needs {too_big[0]['cpus']:g} CPUs on one node; the largest node has {largest:g}"
             )
         print(f"{prog}: {len(jobs)} runs to the cluster ({total:g} CPUs)", file=sys.stderr, flush=True)
-        stop = ray.remote(num_cpus=0)(StopFlag).remote()
+        # on the head's own node: a node lost mid-run must not take the flag with it
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        stop = ray.remote(num_cpus=0, scheduling_strategy=here)(StopFlag).remote()
         task = ray.remote(run_on_node)
         pending = {}
         for job in jobs:
