@@ -860,6 +860,8 @@ def sample_rollout(sampler: Sampler, num_steps: int) -> dict:
     state is whole: a checkpoint, and one line naming the exception and where it was raised (StopRun)."""
     try:
         return sampler.rollout(num_steps)
+    except (UsageError, NotImplementedError):  # the command line says these in words of their own (a policy's gap)
+        raise
     except Exception as e:  # noqa: BLE001 (said in one line; the run stops)
         where = traceback.extract_tb(e.__traceback__)[-1]
         raise StopRun(f"the rollout failed: {failure(e)} ({os.path.basename(where.filename)}:{where.lineno})") from e
