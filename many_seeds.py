@@ -492,11 +492,16 @@ def report(prog: str, ended: list[Ended], not_started: list[Seed], first_seed: S
     if folders:
         spec = ",".join(f"seed{s.seed}:{s.run_dir}" for s in folders)
         lines.append(f"curves: tensorboard --logdir_spec {spec}")
-    failed = [row for row in rows if row.returncode not in (0, None) or seed_status(row) != "completed"]
-    if failed or not_started:
+    unfinished = [row.seed.seed for row in rows if row.returncode != 0 or seed_status(row) != "completed"]
+    unfinished += [seed.seed for seed in not_started]
+    if unfinished:
         checkpoint = os.path.join(first_seed.run_dir, "checkpoint.pt")
         count = len(rows) + len(not_started)
-        lines.append(f"continue every seed with: python {prog} --resume {checkpoint} --num-seeds {count}")
+        which = ", ".join(str(seed) for seed in sorted(unfinished))
+        lines.append(
+            f"not completed: seed {which}; continue every seed with: python {prog} --resume {checkpoint} "
+            f"--num-seeds {count}"
+        )
     return lines
 
 
