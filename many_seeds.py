@@ -361,6 +361,8 @@ class Launch:
                         self.say(f"{self.prog}: seed {seed.seed} {seed.note}")
                     self.running.append(SeedProcess(self.script, seed, self.events, self.prctl))
                     self.started[seed.seed] = self.running[-1]
+                    if self.signum is not None:  # the signal came while it was being started
+                        self.running[-1].signal(self.signum)
                 if not self.running:
                     break
                 try:
