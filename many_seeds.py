@@ -55,6 +55,38 @@ class LaunchError(Exception):
     """Flags or folders that do not fit: one line, exit status 2."""
 
 
+class SturdyStream:
+    """A text stream whose reader may go away (a pipe closed by `| head`, a launcher that was killed): a write or flush
+    that fails sends the rest to os.devnull, so that the process carries on (a seed to its checkpoint)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except OSError:
+            self.stream = open(os.devnull, "w")  # noqa: SIM115 (for the rest of the process)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except OSError:
+            self.stream = open(os.devnull, "w")  # noqa: SIM115
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+def sturdy_console() -> None:
+    """sys.stdout and sys.stderr as SturdyStreams."""
+    if not isinstance(sys.stdout, SturdyStream):
+        sys.stdout = SturdyStream(sys.stdout)
+    if not isinstance(sys.stderr, SturdyStream):
+        sys.stderr = SturdyStream(sys.stderr)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The command line: which seeds, and each one's flags
 # ---------------------------------------------------------------------------------------------------------------------
@@ -142,7 +174,7 @@ def new_seeds(script: str, argv: list[str]) -> list[Seed]:
     """--num-seeds N from --seed: each seed's flags are this command's, with its own --seed and --run-name."""
     defaults = script_defaults(script)
     count = whole_number(argv, "--num-seeds", 1, 1)
-    first = whole_number(argv, "--seed", int(defaults.get("seed", 1)), -(2**31))
+    first = whole_number(argv, "--seed", int(defaults.get("seed", 1)), 0)
     flags = without_launcher_flags(argv)
     base = flag_value(argv, "--run-name")
     if not base:
@@ -155,20 +187,22 @@ def new_seeds(script: str, argv: list[str]) -> list[Seed]:
         run_dir = os.path.join("runs", f"{base}__{seed}")
         if os.path.exists(run_dir) and not overwrite:
             raise LaunchError(
-                f"{run_dir} already exists: continue the seeds with --resume "
-                f"{os.path.join('runs', f'{base}__{first}', 'checkpoint.pt')} --num-seeds {count}, or start them "
-                "afresh with --overwrite"
+                f"{run_dir} already exists: continue the seeds with --resume {os.path.join(run_dir, 'checkpoint.pt')} "
+                f"--seed {first} --num-seeds {count}, or start them afresh with --overwrite"
             )
         seeds.append(Seed(seed, run_dir, [*flags, f"--seed={seed}", f"--run-name={base}__{seed}"], fresh=overwrite))
     return seeds
 
 
 def resumed_seeds(argv: list[str]) -> list[Seed]:
-    """--resume runs/<run-name>__<k>/checkpoint.pt --num-seeds N: seeds k .. k+N-1 of that launch, each from its own
-    checkpoint; a seed that has none starts afresh with the command its sibling's run.json records."""
+    """--resume runs/<run-name>__<k>/checkpoint.pt --num-seeds N: seeds k .. k+N-1 of that launch (from --seed, where
+    given), each from its own checkpoint; a seed that has none starts afresh with the command that seed k's run.json
+    records."""
     count = whole_number(argv, "--num-seeds", 1, 1)
     path = flag_value(argv, "--resume")
     folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise LaunchError(f"no run folder at {os.path.dirname(path) or '.'} (--resume {path})")
     try:
         with open(os.path.join(folder, "run.json")) as f:
             record = json.load(f)
@@ -176,11 +210,13 @@ def resumed_seeds(argv: list[str]) -> list[Seed]:
         recorded = without_launcher_flags(list(record["command"][1:]))
     except (OSError, ValueError, KeyError, TypeError):
         raise LaunchError(
-            f"{path} has no readable run.json beside it: resume that run alone, without --num-seeds"
+            f"{path} has no readable run.json beside it: resume that run alone, without --num-seeds, or name another "
+            "seed's checkpoint (--seed gives the first seed)"
         ) from None
-    if not name.endswith(f"__{first}"):
+    if not name.endswith(f"__{first}") or not folder.endswith(os.sep + os.path.normpath(name)):
         raise LaunchError(f"{path} is not a seed of a --num-seeds run (its folder is not <run-name>__{first})")
-    base, root = name[: -len(f"__{first}")], os.path.dirname(folder)
+    base, root = name[: -len(f"__{first}")], folder[: -len(os.sep + os.path.normpath(name))]
+    first = whole_number(argv, "--seed", first, 0)
     flags = without_launcher_flags(argv)
     seeds = []
     for seed in range(first, first + count):
@@ -242,8 +278,8 @@ class SeedProcess:
         self.log = None
         self.step = self.total = 0
         self.recent_return: float | None = None
-        if seed.fresh:
-            shutil.rmtree(seed.run_dir, ignore_errors=True)
+        self.signal_when_training: int | None = None  # a signal passed on once the run trains (its handler is set)
+        self.started = time.time() - 1.0  # file times may be coarser than the clock
         progress_read, progress_write = os.pipe()
         env = dict(os.environ, **{PROGRESS_FD: str(progress_write)})
         self.proc = subprocess.Popen(
@@ -298,6 +334,17 @@ class SeedProcess:
         with contextlib.suppress(ProcessLookupError):
             self.proc.send_signal(signum)
 
+    def stop_after_iteration(self, signum: int) -> None:
+        """Pass a first signal on: now if it trains (it then saves a checkpoint after its iteration), at its first
+        update if it is still starting (a signal before its training loop would only kill it, with a traceback), not
+        at all once it has trained its last step (it is writing its files)."""
+        if self.total and self.step >= self.total:
+            return
+        if self.step:
+            self.signal(signum)
+        else:
+            self.signal_when_training = signum
+
     def close(self) -> None:
         if self.log is not None:
             self.log.close()
@@ -310,6 +357,7 @@ class Ended:
     seed: Seed
     returncode: int | None
     early_lines: list[str] = field(default_factory=list)
+    started: float = 0.0  # when the launch started it (time.time()): older files in its folder are not its
 
 
 class Launch:
@@ -339,7 +387,10 @@ class Launch:
         again = self.signum is not None
         self.signum = signum
         for child in self.running:
-            child.signal(signum)
+            if again:
+                child.signal(signum)
+            else:
+                child.stop_after_iteration(signum)
         if again:
             self.say(f"{self.prog}: {name} again: the running seeds quit now (their last checkpoints stay)")
         else:
@@ -362,7 +413,7 @@ class Launch:
                     self.running.append(SeedProcess(self.script, seed, self.events, self.prctl))
                     self.started[seed.seed] = self.running[-1]
                     if self.signum is not None:  # the signal came while it was being started
-                        self.running[-1].signal(self.signum)
+                        self.running[-1].stop_after_iteration(self.signum)
                 if not self.running:
                     break
                 try:
@@ -383,6 +434,9 @@ class Launch:
                 step, total, recent = payload.split()
                 child.step, child.total = int(step), int(total)
                 child.recent_return = None if recent == "nan" else float(recent)
+                if child.signal_when_training is not None:
+                    child.signal(child.signal_when_training)
+                    child.signal_when_training = None
                 self.show_progress()
         elif kind in ("out", "err"):
             # lines printed before the run made its folder are said when it does, or when it ends
@@ -398,7 +452,8 @@ class Launch:
                 for held_kind, line in child.keep("err", None) if os.path.isdir(child.seed.run_dir) else child.lines:
                     self.echo(prefix + line, held_kind)
             child.close()
-            self.ended.append(Ended(child.seed, payload, early))
+            self.ended.append(Ended(child.seed, payload, early, child.started))
+            self.show_progress()
 
     def echo(self, line: str, kind: str) -> None:
         if kind == "out":
@@ -416,7 +471,7 @@ class Launch:
             return
         children = [*self.started.values()]
         count = len(children) + len(self.waiting)
-        self.bar.total = max(c.total for c in children) * count
+        self.bar.total = max(c.total for c in children) * count or None
         self.bar.n = sum(c.step for c in children)
         returns = " ".join(
             f"{c.seed.seed}:{'n/a' if c.recent_return is None else f'{c.recent_return:.0f}'}" for c in self.running
@@ -452,41 +507,52 @@ def mean_std_interval(values: list[float]) -> tuple[float, float | None, tuple[f
     return mean, std, (mean - half, mean + half)
 
 
-def read_summary(run_dir: str) -> dict:
+def read_summary(ended: Ended) -> dict:
+    """The seed's summary.json: the one this launch's run wrote, or for a run that had nothing left to do, the one it
+    had; {} when there is none (an earlier run's summary says nothing of a run that failed now)."""
+    path = os.path.join(ended.seed.run_dir, "summary.json")
     try:
-        with open(os.path.join(run_dir, "summary.json")) as f:
+        if ended.returncode != 0 and os.path.getmtime(path) < ended.started:  # 0: done now, or done before
+            return {}
+        with open(path) as f:
             return json.load(f)
     except (OSError, ValueError):
         return {}
 
 
 def seed_status(ended: Ended) -> str:
-    summary = read_summary(ended.seed.run_dir)
+    """How the seed's run ended, as its summary.json says (a signal that came as it was closing does not undo a
+    completed run); else by its exit status."""
+    status = read_summary(ended).get("status")
+    if status:
+        return status
     if ended.returncode is None:
         return "lost"
-    if ended.returncode == 0:
-        return summary.get("status", "completed")
-    return summary.get("status") or f"exit {ended.returncode}"
+    if ended.returncode < 0 or ended.returncode in (130, 143):
+        return "stopped by a signal"
+    return "completed" if ended.returncode == 0 else f"exit {ended.returncode}"
 
 
-def report(prog: str, ended: list[Ended], not_started: list[Seed], first_seed: Seed) -> list[str]:
-    """The closing lines (stdout): a row for each seed, the statistics of the final returns, the TensorBoard command
-    and, when a seed did not complete, how to continue them all."""
+def report(prog: str, ended: list[Ended], not_started: list[Seed], first: int) -> list[str]:
+    """The closing lines (stdout): a row for each seed, the statistics of the completed seeds' final returns, the
+    TensorBoard command and, when a seed did not complete, which, and how to continue them all."""
     rows = sorted(ended, key=lambda e: e.seed.seed)
-    lines = [f"{prog}: {len(rows) + len(not_started)} seeds", f"{'seed':>6}  {'status':<17}{'steps':>10}  final return"]
+    count = len(rows) + len(not_started)
+    lines = [f"{prog}: {count} seeds", f"{'seed':>6}  {'status':<20}{'steps':>10}  final return"]
     finals = []
     for row in rows:
-        summary = read_summary(row.seed.run_dir)
+        summary, status = read_summary(row), seed_status(row)
         final = summary.get("mean_return_last_episodes")
-        if final is not None:
+        if final is not None and status == "completed":
             finals.append(float(final))
         shown = "n/a" if final is None else f"{final:.2f}"
-        lines.append(f"{row.seed.seed:>6}  {seed_status(row):<17}{summary.get('env_steps', 0):>10}  {shown}")
+        lines.append(f"{row.seed.seed:>6}  {status:<20}{summary.get('env_steps', 0):>10}  {shown}")
     for seed in not_started:
-        lines.append(f"{seed.seed:>6}  {'not started':<17}{0:>10}  n/a")
+        lines.append(f"{seed.seed:>6}  {'not started':<20}{0:>10}  n/a")
     if finals:
         mean, std, interval = mean_std_interval(finals)
-        line = f"final return (each seed's mean over its last episodes): mean {mean:.2f} over {len(finals)} seeds"
+        line = f"final return (each seed's mean over its last episodes): mean {mean:.2f} over {len(finals)} "
+        line += "completed seeds" if len(finals) < len(rows) + len(not_started) else "seeds"
         if std is not None:
             line += f", std {std:.2f}, 95% t-interval [{interval[0]:.2f}, {interval[1]:.2f}]"
         lines.append(line)
@@ -494,25 +560,25 @@ def report(prog: str, ended: list[Ended], not_started: list[Seed], first_seed: S
     if folders:
         spec = ",".join(f"seed{s.seed}:{s.run_dir}" for s in folders)
         lines.append(f"curves: tensorboard --logdir_spec {spec}")
-    unfinished = [row.seed.seed for row in rows if row.returncode != 0 or seed_status(row) != "completed"]
-    unfinished += [seed.seed for seed in not_started]
+    unfinished = [row.seed.seed for row in rows if seed_status(row) != "completed"] + [s.seed for s in not_started]
     if unfinished:
-        checkpoint = os.path.join(first_seed.run_dir, "checkpoint.pt")
-        count = len(rows) + len(not_started)
         which = ", ".join(str(seed) for seed in sorted(unfinished))
-        lines.append(
-            f"not completed: seed {which}; continue every seed with: python {prog} --resume {checkpoint} "
-            f"--num-seeds {count}"
-        )
+        recorded = [row.seed for row in rows if os.path.isfile(os.path.join(row.seed.run_dir, "run.json"))]
+        if recorded:
+            checkpoint = os.path.join(recorded[0].run_dir, "checkpoint.pt")
+            again = f"python {prog} --resume {checkpoint} --seed {first} --num-seeds {count}"
+            lines.append(f"not completed: seed {which}; continue every seed with: {again}")
+        else:
+            lines.append(f"not completed: seed {which}; none of them started training: run the same command again")
     return lines
 
 
-def exit_status(ended: list[Ended], signum: int | None) -> int:
+def exit_status(ended: list[Ended], not_started: list[Seed], signum: int | None) -> int:
     if signum is not None:
         return 128 + signum  # as a single run's: 130 for Ctrl-C, 143 for SIGTERM
     if ended and all(e.returncode == 2 and e.early_lines for e in ended):
         return 2
-    return 1 if any(e.returncode != 0 for e in ended) else 0
+    return 1 if not_started or any(seed_status(e) != "completed" for e in ended) else 0
 
 
 def usable_cores() -> int:
@@ -524,6 +590,7 @@ def usable_cores() -> int:
 def launch(script: str, argv: list[str]) -> int:
     """--num-seeds N: every seed's single run, here or on a Ray cluster; the closing table; the exit status (0 when
     every seed completed, 1 when one failed, 2 for flags refused, 130 or 143 after Ctrl-C or SIGTERM)."""
+    sturdy_console()  # a closed stdout (`| head`) must not stop the seeds
     script = os.path.abspath(script)
     prog = os.path.basename(script)
     try:
@@ -534,6 +601,9 @@ def launch(script: str, argv: list[str]) -> int:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     quiet = "--quiet" in argv
+    for seed in seeds:  # --overwrite, or a folder without a checkpoint: nothing of it may mix with the new runs
+        if seed.fresh:
+            shutil.rmtree(seed.run_dir, ignore_errors=True)
     if address:
         try:
             ended, not_started, signum = seeds_on_cluster(script, seeds, address)
@@ -556,8 +626,8 @@ def launch(script: str, argv: list[str]) -> int:
             print(text, file=sys.stderr)
     if ended and len(refusals) == len(ended):
         return 2
-    print("\n".join(report(prog, ended, not_started, seeds[0])), flush=True)
-    return exit_status(ended, signum)
+    print("\n".join(report(prog, ended, not_started, seeds[0].seed)), flush=True)
+    return exit_status(ended, not_started, signum)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -590,13 +660,20 @@ def seeds_on_cluster(script: str, seeds: list[Seed], address: str) -> tuple[list
                 "cpus": 1,
             }
         )
+    started = time.time() - 1.0
     statuses, signum = run_on_cluster(jobs, address, os.path.abspath("runs"), repo, describe=final_return)
-    ended = [Ended(seed, statuses[f"seed {seed.seed}"]) for seed in seeds if f"seed {seed.seed}" in statuses]
+    ended = [
+        Ended(seed, statuses[f"seed {seed.seed}"], started=started) for seed in seeds if f"seed {seed.seed}" in statuses
+    ]
     return ended, [seed for seed in seeds if f"seed {seed.seed}" not in statuses], signum
 
 
 def final_return(folder: str) -> str:
-    final = read_summary(folder).get("mean_return_last_episodes")
+    try:
+        with open(os.path.join(folder, "summary.json")) as f:
+            final = json.load(f).get("mean_return_last_episodes")
+    except (OSError, ValueError):
+        final = None
     return "no episode finished" if final is None else f"return {final:.1f}"
 
 

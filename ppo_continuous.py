@@ -200,6 +200,8 @@ def validate_args(args: Args, batch_shape: str | None = None) -> None:
         raise UsageError(f"--gamma must be in (0, 1] and --gae-lambda in [0, 1], got {args.gamma}, {args.gae_lambda}")
     if args.target_kl is not None and not args.target_kl > 0:
         raise UsageError(f"--target-kl must be positive (or None), got {args.target_kl}")
+    if args.seed < 0:
+        raise UsageError(f"--seed must be >= 0 (numpy's and gymnasium's seeds are), got {args.seed}")
     if args.obs_warmup_steps < 0:
         raise UsageError(f"--obs-warmup-steps must be >= 0, got {args.obs_warmup_steps}")
     args.batch_size = args.num_envs * args.num_steps

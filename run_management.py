@@ -33,6 +33,7 @@ import torch
 import tyro
 from tqdm import tqdm
 
+import many_seeds
 from checkpoints import (
     MACHINE_FLAGS,
     PROG,
@@ -385,8 +386,12 @@ def health_warnings(history: dict[str, list[float]], warmed_up: bool, act_dim: i
 
 def progress_channel():
     """The pipe a launcher of several seeds (many_seeds.py) reads this run's progress from, named by $PPO_PROGRESS_FD;
-    None when there is none. Taken out of the environment, so that a process this run starts does not write to it."""
+    None when there is none. Taken out of the environment, so that a process this run starts does not write to it.
+    Such a run's console is a pipe to the launcher: made sturdy, so that a launcher killed mid-run does not stop the
+    run before its checkpoint (its SIGTERM comes, and its lines then go nowhere)."""
     fd = os.environ.pop("PPO_PROGRESS_FD", None)
+    if fd:
+        many_seeds.sturdy_console()
     try:
         return os.fdopen(int(fd), "w", buffering=1) if fd else None
     except (OSError, ValueError):

@@ -191,15 +191,20 @@ def test_a_seed_whose_env_fails_stops_alone_with_its_checkpoint(tmp_path):
         if line.split()[:1] in (["1"], ["2"], ["3"])
     }
     assert rows == {"1": "completed", "2": "failed", "3": "completed"}, result.stdout
-    resume = "python ppo_continuous.py --resume runs/f__1/checkpoint.pt --num-seeds 3"
+    resume = "python ppo_continuous.py --resume runs/f__1/checkpoint.pt --seed 1 --num-seeds 3"
     assert f"not completed: seed 2; continue every seed with: {resume}" in result.stdout
 
 
 @pytest.mark.slow
 def test_sigterm_checkpoints_every_running_seed_starts_no_new_one_and_resume_continues_them_all(tmp_path):
+    """With --overwrite over an earlier launch's folders (all removed at the start, so that none mixes into the new
+    results), two seeds at a time, SIGTERM while the third waits."""
     args = ["--env-id", "Pendulum-v1", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2"]
-    args += ["--total-timesteps", "1000000", "--checkpoint-every", "0", "--quiet", "--no-compile"]
+    args += ["--total-timesteps", "1000000", "--checkpoint-every", "0", "--quiet", "--no-compile", "--overwrite"]
     args += ["--num-seeds", "3", "--seed-processes", "2", "--run-name", "c"]
+    for seed in (1, 2, 3):  # an earlier launch's folders, completed
+        (tmp_path / "runs" / f"c__{seed}").mkdir(parents=True)
+        (tmp_path / "runs" / f"c__{seed}" / "summary.json").write_text('{"status": "completed"}')
     proc = start_python(PPO_SCRIPT, args, tmp_path)
     for seed in (1, 2):  # two at a time: seeds 1 and 2 have trained once, seed 3 waits for a free slot
         assert wait_until_trained(tmp_path / "runs" / f"c__{seed}", proc), "the run ended before its first update"
@@ -207,14 +212,15 @@ def test_sigterm_checkpoints_every_running_seed_starts_no_new_one_and_resume_con
     stdout, stderr = proc.communicate(timeout=SAFETY_NET)
     assert proc.returncode == 143, stderr
     assert "Traceback" not in stderr
-    assert not (tmp_path / "runs" / "c__3").exists(), "no new seed starts after the signal"
+    assert not (tmp_path / "runs" / "c__3").exists(), "no new seed starts, and --overwrite removed its old folder"
     steps = []
     for seed in (1, 2):
         folder = tmp_path / "runs" / f"c__{seed}"
         assert json.loads((folder / "summary.json").read_text())["status"] == "interrupted"
         steps.append(torch.load(folder / "checkpoint.pt", weights_only=True)["global_step"])
     assert min(steps) > 0 and all(step % 64 == 0 for step in steps)
-    assert "--resume runs/c__1/checkpoint.pt --num-seeds 3" in stdout
+    assert "not completed: seed 1, 2, 3; continue every seed with: python ppo_continuous.py --resume " in stdout
+    assert "runs/c__1/checkpoint.pt --seed 1 --num-seeds 3" in stdout
     total = max(steps) + 128
     resumed = run_ppo(["--resume", "runs/c__1/checkpoint.pt", "--num-seeds", "3", "--total-timesteps", str(total)],
                       tmp_path)  # fmt: skip
@@ -232,6 +238,39 @@ def test_sigterm_checkpoints_every_running_seed_starts_no_new_one_and_resume_con
         "c__3",
         str(total),
     ]
+
+
+@pytest.mark.slow
+def test_a_killed_launcher_or_a_signal_at_start_up_leaves_every_started_seed_its_checkpoint(tmp_path):
+    """SIGINT as the seeds start (before their training loops) reaches each at its first update: no traceback, each a
+    checkpoint. Then SIGKILL to a launcher mid-run: its seeds, whose console was a pipe to it, get SIGTERM
+    (PR_SET_PDEATHSIG), save their checkpoints and stop, and none is left running."""
+    from tests.conftest import OwnProcesses
+
+    args = ["--env-id", "Pendulum-v1", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2"]
+    args += ["--total-timesteps", "1000000", "--checkpoint-every", "0", "--no-compile", "--num-seeds", "2"]
+    own = OwnProcesses()
+    proc = own.start(PPO_SCRIPT, [*args, "--run-name", "i"], tmp_path)
+    while proc.poll() is None and not (tmp_path / "runs" / "i__1").is_dir():  # seed 1 is starting
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=SAFETY_NET)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    for seed in (1, 2):
+        folder = tmp_path / "runs" / f"i__{seed}"
+        assert json.loads((folder / "summary.json").read_text())["status"] == "interrupted"
+        assert torch.load(folder / "checkpoint.pt", weights_only=True)["global_step"] > 0
+    proc = own.start(PPO_SCRIPT, [*args, "--run-name", "k", "--quiet"], tmp_path)
+    for seed in (1, 2):
+        assert wait_until_trained(tmp_path / "runs" / f"k__{seed}", proc), "the run ended before its first update"
+    proc.kill()
+    proc.communicate(timeout=SAFETY_NET)
+    assert not own.left_behind(), "a seed kept training after its launcher was killed"
+    for seed in (1, 2):
+        folder = tmp_path / "runs" / f"k__{seed}"
+        assert json.loads((folder / "summary.json").read_text())["status"] == "interrupted"
+        assert torch.load(folder / "checkpoint.pt", weights_only=True)["global_step"] > 0
 
 
 @pytest.mark.slow
@@ -261,13 +300,19 @@ def test_flags_that_do_not_fit_are_one_line_said_once_and_the_launcher_imports_n
         cwd=tmp_path, capture_output=True, text=True, timeout=SAFETY_NET,
     )  # fmt: skip
     assert taken.returncode == 2
-    assert "ppo_continuous.py: error: runs/x__2 already exists: continue the seeds with --resume" in taken.stderr
+    assert (
+        "ppo_continuous.py: error: runs/x__2 already exists: continue the seeds with --resume runs/x__2/checkpoint.pt "
+        "--seed 1 --num-seeds 3, or start them afresh with --overwrite"
+    ) in taken.stderr
     imported = [line.split("|")[-1].strip() for line in taken.stderr.splitlines() if line.startswith("import time:")]
     assert "many_seeds" in imported and "torch" not in imported and "numpy" not in imported
     refused = [
         (run_ppo(["--num-seeds", "0"], tmp_path), "ppo_continuous.py: error: --num-seeds must be positive, got 0"),
         (run_ppo(["--num-seeds", "2", "--eval-checkpoint", "m"], tmp_path), "--eval-checkpoint evaluates one policy"),
         (run_ppo(["--num-seeds", "2", "--seed-processes", "-1"], tmp_path), "--seed-processes must be >= 0, got -1"),
+        (run_ppo(["--num-seeds", "2", "--seed=-1"], tmp_path), "ppo_continuous.py: error: --seed must be >= 0, got -1"),
+        (run_ppo(["--seed=-1"], tmp_path), "ppo_continuous.py: error: --seed must be >= 0 (numpy's and gymnasium's"),
+        (run_ppo(["--resume", "runs/nothing/checkpoint.pt", "--num-seeds", "2"], tmp_path), "no run folder at runs/no"),
         (run_ppo(["--ray-address", "auto"], tmp_path), "--ray-address sends the seeds of --num-seeds to a cluster"),
         (
             run_python(REPO / "dppo_ray.py", ["--num-seeds", "2"], tmp_path, timeout=SAFETY_NET),
@@ -373,3 +418,48 @@ def test_the_t_interval_is_students_for_few_seeds():
     assert mean == pytest.approx(7 / 3) and std == pytest.approx(np.std(values, ddof=1))
     assert (low, high) == pytest.approx((mean - half, mean + half), abs=1e-2)
     assert many_seeds.mean_std_interval([5.0]) == (5.0, None, None)
+
+
+def test_a_seed_is_judged_by_the_summary_its_run_wrote(tmp_path):
+    """A signal that came as a seed was closing does not undo its completed summary; an earlier run's summary in the
+    folder says nothing of a run that failed now."""
+    folder = tmp_path / "runs" / "x__1"
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text('{"status": "completed", "env_steps": 512}')
+    seed = many_seeds.Seed(1, str(folder), [])
+    written = os.path.getmtime(folder / "summary.json")
+    assert many_seeds.seed_status(many_seeds.Ended(seed, -2, started=written - 5)) == "completed"
+    assert many_seeds.seed_status(many_seeds.Ended(seed, 1, started=written + 5)) == "exit 1"
+    assert many_seeds.seed_status(many_seeds.Ended(seed, -15, started=written + 5)) == "stopped by a signal"
+    assert many_seeds.seed_status(many_seeds.Ended(seed, 0, started=written + 5)) == "completed"  # nothing left to do
+
+
+def test_resume_finds_the_sibling_seeds_of_a_run_name_with_folders_in_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    first = tmp_path / "runs" / "exp" / "a__1"
+    first.mkdir(parents=True)
+    (first / "checkpoint.pt").write_bytes(b"")
+    command = ["ppo_continuous.py", "--env-id", "Pendulum-v1", "--seed=1", "--run-name=exp/a__1", "--no-compile"]
+    record = {"command": command, "hyperparameters": {"seed": 1, "run_name": "exp/a__1"}}
+    (first / "run.json").write_text(json.dumps(record))
+    argv = ["--resume", "runs/exp/a__1/checkpoint.pt", "--num-seeds", "2", "--total-timesteps", "4096"]
+    one, two = many_seeds.resumed_seeds(argv)
+    assert one.flags == [
+        f"--resume={os.path.join('runs', 'exp', 'a__1', 'checkpoint.pt')}",
+        "--total-timesteps",
+        "4096",
+    ]
+    assert two.run_dir == os.path.join("runs", "exp", "a__2") and not two.fresh
+    assert two.flags == [*command[1:2], "Pendulum-v1", "--no-compile", "--total-timesteps", "4096", "--seed=2",
+                         "--run-name=exp/a__2"]  # fmt: skip
+    zero = many_seeds.resumed_seeds([*argv, "--seed", "0"])  # --seed names the first seed of the launch
+    assert [s.seed for s in zero] == [0, 1] and zero[1].flags[0].startswith("--resume=")
+
+
+def test_a_console_whose_reader_went_away_takes_the_rest_quietly():
+    read, write = os.pipe()
+    stream = many_seeds.SturdyStream(os.fdopen(write, "w", buffering=1))
+    os.close(read)
+    stream.write("a line nobody reads\n")
+    stream.flush()
+    assert stream.write("and the next\n") == len("and the next\n")
