@@ -230,9 +230,6 @@ def compile_blockers(agent: nn.Module) -> str | None:
     hooked = [name for name, p in agent.named_parameters() if p._backward_hooks]
     if hooked:
         return f"a gradient hook on {hooked[0]} (a compiled graph does not run it)"
-    for name, module in agent.named_modules():
-        if isinstance(module, RANDOM_LAYERS) and module.training:
-            return f"a random layer ({type(module).__name__}) in {name or 'Agent'} (a compiled graph draws other noise)"
     hooks = module_hooks(agent)
     if hooks:
         return hooks
@@ -250,6 +247,10 @@ def compile_for(function, agent: nn.Module):
     import torch._inductor.config
 
     torch._dynamo.config.trace_autograd_ops = True  # torch.autograd.grad inside the graph
+    # A random op in the graph (a Dropout, functional or a layer, noise added to the loss or to the gradients) calls
+    # torch's own kernel on torch's generator, in the order the function draws, rather than inductor's generator of its
+    # own: compiled, the gradient draws what it draws run eagerly (--no-compile), and the run trains alike.
+    torch._inductor.config.fallback_random = True
     # dynamo warns in many lines when a function hits its recompile limit; compiled_step says it in one
     logging.getLogger("torch._dynamo.convert_frame").setLevel(logging.ERROR)
     if os.environ.get("TORCHINDUCTOR_VEC_ISA_OK") is None:

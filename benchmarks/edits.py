@@ -167,6 +167,27 @@ EDITS = {
     "dropout": [
         ("ppo_continuous.py", MLP_LAYERS, MLP_LAYERS.replace("nn.Tanh(),\n", "nn.Tanh(),\n        nn.Dropout(0.1),\n"))
     ],
+    "random_ops_in_gradient": [  # functional dropout, noise on the loss and on the gradients: no layer to see
+        (
+            "ppo_continuous.py",
+            GET_VALUE,
+            GET_VALUE.replace(
+                "self.critic(x).squeeze(-1)",
+                "nn.functional.dropout(self.critic(x), 0.1, training=self.training).squeeze(-1)",
+            ),
+        ),
+        (
+            "ppo_continuous.py",
+            "    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))\n",
+            "    grads = [g + 1e-4 * torch.randn_like(g) for g in grads]\n"
+            "    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))\n",
+        ),
+        (
+            "gae.py",
+            "    loss = policy_loss + vf_coef * value_loss\n",
+            "    loss = policy_loss + vf_coef * value_loss * (1.0 + 0.05 * torch.rand(()))\n",
+        ),
+    ],
     "tanh_squashed": [  # README's worked example: SAC's squashed Gaussian, with an entropy estimate
         (
             "ppo_continuous.py",
@@ -466,7 +487,8 @@ EXPECTED = {
     "drift_beyond_4": (False, True),  # at iteration 1, by the audit
     "std_floor": (False, True),  # acting a few iterations in, by the audit
     "gradient_hook": (True, False),
-    "dropout": (False, False),
+    "dropout": (False, True),  # the compiled graph draws with torch's generator, as eager does
+    "random_ops_in_gradient": (True, True),
     "tanh_squashed": (False, True),
     "dual_clip": (True, True),
     "huber_value_loss": (True, True),

@@ -263,7 +263,6 @@ def test_a_rollout_whose_numpy_actor_failed_its_audit_is_sampled_again_with_torc
     "state, words",
     [
         ("gradient hook", "a gradient hook on critic.0.weight (a compiled graph does not run it)"),
-        ("dropout", "a random layer (Dropout) in critic.2 (a compiled graph draws other noise)"),
         ("forward hook", "a module hook on actor_mean.0"),
         ("buffer", "a buffer (scale), which a forward pass may change"),
         ("float16", "parameters that are not float32 or float64"),
@@ -273,8 +272,6 @@ def test_what_the_compiled_gradient_cannot_honour_means_the_eager_gradient_with_
     agent = perturbed_agent(5, 2)
     if state == "gradient hook":
         agent.critic[0].weight.register_hook(lambda g: g * 0.5)
-    if state == "dropout":
-        agent.critic.insert(2, torch.nn.Dropout(0.1))
     if state == "forward hook":
         agent.actor_mean[0].register_forward_hook(lambda module, inputs, output: output * 2)
     if state == "buffer":
@@ -286,6 +283,53 @@ def test_what_the_compiled_gradient_cannot_honour_means_the_eager_gradient_with_
     learner, _ = learner_with(agent)
     assert learner.fast.compiled is None and learner.fast.used["gradient"] == f"eager clipped_gradient ({words})"
     assert f"compiled gradient off: {words}; training with the eager gradient" in printed(capsys)
+
+
+def test_random_ops_in_the_compiled_gradient_draw_what_the_eager_gradient_draws(monkeypatch):
+    """A Dropout layer, functional dropout in Agent.get_value, a random op in gae.ppo_loss and noise added to the
+    gradients in clip_gradients: compiled, the gradient function draws from torch's generator what it draws run
+    eagerly, in the same order (the gradients equal to rounding, the generator left in the same state), three times
+    in a row; no step-aside."""
+    import torch.nn.functional as F
+
+    class NoisyAgent(ppo_continuous.Agent):
+        def get_value(self, x):
+            return F.dropout(self.critic(x), 0.1, training=True).squeeze(-1)
+
+    plain_loss, plain_clip = gae.ppo_loss, ppo_continuous.clip_gradients
+
+    def noisy_loss(*args, **kwargs):
+        stats = plain_loss(*args, **kwargs)
+        return stats._replace(loss=stats.loss * (1 + 0.1 * torch.rand(())))
+
+    def noisy_clip(grads, max_norm):
+        return plain_clip([g + 1e-3 * torch.randn_like(g) for g in grads], max_norm)
+
+    monkeypatch.setattr(gae, "ppo_loss", noisy_loss)
+    monkeypatch.setattr(ppo_continuous, "clip_gradients", noisy_clip)
+    torch.manual_seed(0)
+    agent = NoisyAgent(5, 2)
+    agent.actor_mean.insert(2, torch.nn.Dropout(0.2))
+    assert fast_paths.compile_blockers(agent) is None
+    generator = torch.Generator().manual_seed(1)
+    minibatch = {k: torch.randn(64, generator=generator) for k in ("logprobs", "advantages", "values", "returns")}
+    minibatch |= {"obs": torch.randn(64, 5, generator=generator), "actions": torch.randn(64, 2, generator=generator)}
+    loss_kwargs = dict(clip_coef=0.2, clip_vloss=True, ent_coef=0.0, vf_coef=0.5, norm_adv=True)
+    params = list(agent.parameters())
+    compiled = fast_paths.compile_for(ppo_continuous.clipped_gradient, agent)
+    losses = []
+    for _ in range(3):
+        before = torch.get_rng_state()
+        eager, eager_stats, _ = ppo_continuous.clipped_gradient(agent, params, minibatch, loss_kwargs, 0.5)
+        after_eager = torch.get_rng_state()
+        torch.set_rng_state(before)
+        traced, traced_stats, _ = compiled(agent, params, minibatch, loss_kwargs, 0.5)
+        assert torch.equal(torch.get_rng_state(), after_eager), "the compiled gradient drew as many numbers"
+        for a, b in zip(eager, traced):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(traced_stats["loss"], eager_stats["loss"], rtol=1e-5, atol=1e-7)
+        losses.append(eager_stats["loss"].item())
+    assert len(set(losses)) == 3, "each call drew new noise"
 
 
 def test_a_hook_registered_during_the_run_moves_the_next_update_to_the_eager_gradient(capsys):

@@ -144,7 +144,7 @@ def test_edits_that_keep_state_anywhere_train_in_every_seed_as_in_its_single_run
     assert "Traceback" not in together.stderr, together.stderr
     if edit == "seed_random_layers":  # each seed's start-up line, behind its seed
         for seed in (1, 2):
-            assert f"seed {seed}: my_ppo.py: compiled gradient off: a random layer" in together.stderr
+            assert f"seed {seed}: my_ppo.py: fast acting off: a random layer" in together.stderr
     runs = [folder / "runs" / f"e__{seed}" for seed in (1, 2)]
     alone = run_recorded_singles(folder, runs, script="my_ppo.py")
     for run_dir in runs:
