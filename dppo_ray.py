@@ -72,9 +72,13 @@ MACHINE_FLAGS = checkpoints.MACHINE_FLAGS | {
 }
 
 # CleanRL's flags that this script has no field for, each refused in one line that says what to give instead
+SEEDS_ARE_PPOS = "is ppo_continuous.py's: run each seed of dppo_ray.py as a run of its own (or sweep them with "
+SEEDS_ARE_PPOS += "benchmarks/learning.py)"
 REFUSED_FLAGS = {
     "--num-envs": "is ppo_continuous.py's: dppo_ray.py steps --num-actors x --num-envs-per-actor envs (for CleanRL's "
     "--num-envs N, give --num-actors N)",
+    "--num-seeds": SEEDS_ARE_PPOS,
+    "--seed-processes": SEEDS_ARE_PPOS,
 }
 
 
@@ -90,6 +94,10 @@ class Args(ppo.Args):
     """the id of the environment (Box or Discrete actions); `module:EnvId-v0` imports `module` in every actor"""
     num_envs: tyro.conf.Suppress[int] = 0
     """num_actors x num_envs_per_actor (computed in runtime)"""
+    num_seeds: tyro.conf.Suppress[int] = 1
+    """ppo_continuous.py's (refused here, REFUSED_FLAGS)"""
+    seed_processes: tyro.conf.Suppress[int] = 0
+    """ppo_continuous.py's (refused here, REFUSED_FLAGS)"""
     num_steps: int = 1024
     """the number of steps each actor runs in each environment per rollout"""
 
@@ -131,10 +139,6 @@ class Args(ppo.Args):
 
 def validate_args(args: Args) -> None:
     require_positive(args, ["num_actors", "num_envs_per_actor", "sync_every", "actor_cpus", "max_is_weight"])
-    if args.num_seeds != 1 or args.seed_processes:
-        raise UsageError(
-            "--num-seeds and --seed-processes are ppo_continuous.py's: run each seed of dppo_ray.py as a run of its own"
-        )
     if args.max_policy_lag < 0:
         raise UsageError("--max-policy-lag must be >= 0")
     if args.rollout_timeout < 0 or not math.isfinite(args.rollout_timeout):

@@ -120,9 +120,8 @@ def ppo_loss(
     objective becomes decoupled PPO (Hilton et al. 2021), in which w = pi_old / pi_behaviour, truncated at
     `max_is_weight` as in V-trace, corrects for the staleness and the clip stays anchored to the recent `old_logprob`.
 
-    This is the one definition of the loss. fast_paths.StackedUpdate differentiates it by autograd too (with respect
-    to `new_logprob`, `new_values` and `entropy`), so an edit here that stays a function of these arguments is exact
-    on the fast path as well.
+    This is the one definition of the loss: every gradient, compiled or eager, is autograd's through it, so an edit
+    here trains on every path.
     """
     if norm_adv and advantages.numel() > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)

@@ -316,7 +316,7 @@ def test_flags_that_do_not_fit_are_one_line_said_once_and_the_launcher_imports_n
         (run_ppo(["--ray-address", "auto"], tmp_path), "--ray-address sends the seeds of --num-seeds to a cluster"),
         (
             run_python(REPO / "dppo_ray.py", ["--num-seeds", "2"], tmp_path, timeout=SAFETY_NET),
-            "dppo_ray.py: error: --num-seeds and --seed-processes are ppo_continuous.py's",
+            "dppo_ray.py: error: --num-seeds is ppo_continuous.py's: run each seed of dppo_ray.py as a run of its own",
         ),
     ]
     for result, line in refused:
