@@ -212,12 +212,26 @@ def module_hooks(agent: nn.Module) -> str | None:
     return None
 
 
+def batch_norm_in_training(agent: nn.Module) -> str | None:
+    """A BatchNorm layer in training mode, in words: each output row depends on the other rows of its batch, and its
+    running statistics are buffers that every forward pass changes; None when there is none."""
+    for name, module in agent.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.training:
+            return (
+                f"a BatchNorm layer ({type(module).__name__}) in {name or 'Agent'} in training mode (its batch "
+                "statistics make each row depend on the rest of the batch, and every forward pass changes its running "
+                "statistics; LayerNorm normalizes each row alone)"
+            )
+    return None
+
+
 def acting_blockers(agent: nn.Module) -> str | None:
-    """What a numpy mirror of a sampler's copy cannot carry (a random layer, a module hook), in words, or None."""
+    """What a numpy mirror of a sampler's copy cannot carry (a random layer, a BatchNorm in training mode, a module
+    hook), in words, or None."""
     for name, module in agent.named_modules():
         if isinstance(module, RANDOM_LAYERS):
             return f"a random layer ({type(module).__name__}) in {name or 'Agent'}"
-    return module_hooks(agent)
+    return batch_norm_in_training(agent) or module_hooks(agent)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -230,7 +244,7 @@ def compile_blockers(agent: nn.Module) -> str | None:
     hooked = [name for name, p in agent.named_parameters() if p._backward_hooks]
     if hooked:
         return f"a gradient hook on {hooked[0]} (a compiled graph does not run it)"
-    hooks = module_hooks(agent)
+    hooks = module_hooks(agent) or batch_norm_in_training(agent)
     if hooks:
         return hooks
     buffers = [name for name, _ in agent.named_buffers()]
@@ -292,6 +306,37 @@ def recompile_reason(function) -> str:
     return f"a value the guard `{guard[:120]}` checks"
 
 
+def traced_line(e: BaseException) -> tuple[str, str] | None:
+    """Where dynamo stopped tracing, from its message: the last frame of the user's code it names, as ("file:line",
+    the source line); None when the message names none."""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in [^\n]*\n +([^\n]+)', str(e))
+    if not frames:
+        return None
+    path, line, source = frames[-1]
+    return f"{os.path.basename(path)}:{line}", source.strip()
+
+
+def untraceable(e: BaseException) -> str | None:
+    """A failed compile in words a researcher acts on, where dynamo's message names the line it could not trace and
+    that line draws from Python's or numpy's generator (which a graph cannot do; torch's random ops it can, and draws
+    them as eager code does); None otherwise (the caller says torch's own error)."""
+    where = traced_line(e)
+    if where is None:
+        return None
+    place, source = where
+    source = source if len(source) <= 80 else source[:77] + "..."
+    if re.search(r"\b(np|numpy)\.random\.", source):
+        generator = "numpy's generator (np.random)"
+    elif re.search(r"(?<![\w.])random\.\w+\(", source):
+        generator = "Python's random module"
+    else:
+        return None
+    return (
+        f"a draw from {generator} at {place} (`{source}`), which a compiled graph cannot make: draw with torch "
+        "instead (torch.rand, torch.randn_like: compiled, they draw what they draw eagerly), or train with --no-compile"
+    )
+
+
 def compiled_step(step, function, agent: nn.Module, fast: FastPaths):
     """`step(function, ...)` (the script's gradient_step of its clipped_gradient) with `function` compiled into one
     graph (compile_for), said in one line before it first compiles. If compiling or running the graph fails (no C++
@@ -316,7 +361,7 @@ def compiled_step(step, function, agent: nn.Module, fast: FastPaths):
                 return step(compiled, *args)
             except Exception as e:  # noqa: BLE001 (said in one line; the eager function computes the same)
                 fast.compiled = None
-                reason = f"torch.compile failed ({failure(e)})"
+                reason = untraceable(e) or f"torch.compile failed ({failure(e)})"
                 if isinstance(e, FailOnRecompileLimitHit):
                     reason = (
                         f"{recompile_reason(function)} keeps changing, and each value compiles a graph of its own "

@@ -266,6 +266,7 @@ def test_a_rollout_whose_numpy_actor_failed_its_audit_is_sampled_again_with_torc
         ("forward hook", "a module hook on actor_mean.0"),
         ("buffer", "a buffer (scale), which a forward pass may change"),
         ("float16", "parameters that are not float32 or float64"),
+        ("batch norm", "a BatchNorm layer (BatchNorm1d) in critic.1 in training mode (its batch statistics make each"),
     ],
 )
 def test_what_the_compiled_gradient_cannot_honour_means_the_eager_gradient_with_its_reason(capsys, state, words):
@@ -278,6 +279,13 @@ def test_what_the_compiled_gradient_cannot_honour_means_the_eager_gradient_with_
         agent.register_buffer("scale", torch.ones(1))
     if state == "float16":
         agent.actor_logstd.data = agent.actor_logstd.data.half()
+    if state == "batch norm":
+        agent.critic.insert(1, torch.nn.BatchNorm1d(64))
+        words = fast_paths.compile_blockers(agent)
+        assert words.startswith("a BatchNorm layer (BatchNorm1d) in critic.1 in training mode (its batch statistics")
+        acting = perturbed_agent(5, 2)
+        acting.actor_mean.insert(1, torch.nn.BatchNorm1d(64))
+        assert fast_paths.acting_blockers(acting).startswith("a BatchNorm layer (BatchNorm1d) in actor_mean.1 in")
     assert fast_paths.compile_blockers(agent) == words
     capsys.readouterr()
     learner, _ = learner_with(agent)
@@ -440,6 +448,35 @@ def test_a_compile_that_fails_trains_with_the_eager_gradient_after_one_line(caps
         "compiler found); eager from now on",
     ], lines
     assert learner.fast.used["gradient"].startswith("eager from iteration 1")
+
+
+@pytest.mark.parametrize("generator", ["python", "numpy"])
+def test_a_draw_from_python_or_numpy_in_the_gradient_is_named_with_its_line_and_what_to_do(
+    capsys, monkeypatch, generator
+):
+    """Python's random module or np.random in the loss: dynamo cannot trace it, and the line says which generator,
+    where, and to draw with torch instead; the update then trains with the eager gradient."""
+    import random
+
+    plain_loss = gae.ppo_loss
+
+    def drawing_loss(*args, **kwargs):
+        stats = plain_loss(*args, **kwargs)
+        if generator == "python":
+            return stats._replace(loss=stats.loss * (1 + 0.1 * random.random()))
+        return stats._replace(loss=stats.loss * (1 + 0.1 * float(np.random.rand())))  # noqa: NPY002
+
+    monkeypatch.setattr(gae, "ppo_loss", drawing_loss)
+    learner, args = learner_with(perturbed_agent(5, 2))
+    capsys.readouterr()
+    _, problem = ppo_continuous.ppo_update(learner, random_batch(256, 5, 2), args, SETTINGS, 1)
+    assert problem is None and learner.fast.compiled is None
+    lines = [line for line in printed(capsys) if line != COMPILING]
+    named = "Python's random module" if generator == "python" else "numpy's generator (np.random)"
+    assert len(lines) == 1 and lines[0].startswith(f"compiled gradient off at iteration 1: a draw from {named} at "), (
+        lines
+    )
+    assert "test_fast_paths.py:" in lines[0] and "draw with torch instead" in lines[0], lines
 
 
 def test_a_failure_keeps_its_cause_where_its_first_line_only_introduces_it():
