@@ -258,13 +258,15 @@ def linux_prctl():
 
 
 def prepare_child(prctl) -> None:
-    """(In a started run, before it execs.) Give it back SIGINT and SIGTERM, which a parent may have blocked or ignored
-    (a Ray worker blocks SIGINT; both survive exec), and on Linux ask for SIGTERM when its parent dies, so that a
-    killed launcher or worker leaves no run behind (either signal makes it save a checkpoint)."""
+    """(In a started run, before it execs.) Give it back SIGINT, SIGTERM and SIGHUP, which a parent may have blocked
+    or ignored (a Ray worker blocks SIGINT; both survive exec), and on Linux ask for SIGHUP when its parent dies, so
+    that a killed launcher or worker leaves no run behind: the run saves a checkpoint after its iteration and stops.
+    (SIGHUP, which a run takes once however often it comes: Linux sends the signal each time it hands the orphan from
+    one of the dying parent's threads to the next, and a second SIGTERM would make it quit without a checkpoint.)"""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
     if prctl is not None:
-        prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        prctl(1, signal.SIGHUP)  # 1 = PR_SET_PDEATHSIG
 
 
 class SeedProcess:
@@ -859,7 +861,7 @@ def run_trainer(
 ) -> tuple[int, str, float]:
     """Run `python repo/argv[0] argv[1:]` in cwd; (exit status, its output, seconds). The trainer gets SIGINT once the
     head sets `stop` (a StopFlag: it saves a checkpoint, and its folder still goes home) or cancels the task, and
-    SIGTERM when this worker dies (it saves a checkpoint and stops). With a `lease` (--storage), it is renewed while
+    SIGHUP when this worker dies (it saves a checkpoint and stops). With a `lease` (--storage), it is renewed while
     the trainer runs; once another attempt has taken it, the trainer is killed at once, before it writes again. Its
     output (stdout and stderr) is added to `folder`/output.log when it has made that folder."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [repo, os.environ.get("PYTHONPATH")] if p))

@@ -292,11 +292,17 @@ def tensorboard_writer(args, run_dir: str, resumed_at: int | None):
     return writer
 
 
+# The signals that stop a run after its iteration, with a checkpoint (SIGHUP where the OS has it)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else []))
+
+
 class TrainingLoop:
     """The context the training loop runs in, and how it ended (`status`, `exit_status()`).
 
     Ctrl-C (SIGINT) or a cluster's preemption (SIGTERM) sets `signum`: the loop finishes its iteration and stops, a
-    checkpoint is saved, the exit status is 130 or 143. A second signal quits at once (`hard`: the state may be
+    checkpoint is saved, the exit status is 130 or 143. SIGHUP (a terminal closed, or a launcher that died: Linux may
+    say that more than once, as it hands the run from one of the launcher's dying threads to the next) does the same,
+    once, with exit status 129. A second SIGINT or SIGTERM quits at once (`hard`: the state may be
     mid-iteration, so the last checkpoint written at an iteration boundary is kept). The guard's BadBatchError ends
     the run with one line ("stopped_by_guard", exit status 1). A StopRun ends it as "failed" (exit status 1) with a
     checkpoint; its message is kept in `error` for the script to print last."""
@@ -309,15 +315,19 @@ class TrainingLoop:
         self.error: str | None = None
 
     def __enter__(self):
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in STOP_SIGNALS:
             signal.signal(signum, self.stop_after_iteration)
         return self
 
     def stop_after_iteration(self, signum, frame):
+        if signum != signal.SIGINT and signum != signal.SIGTERM and self.signum is not None:
+            return  # SIGHUP again: stopping already
         self.signum = signum
         for s in (signal.SIGINT, signal.SIGTERM):
             signal.signal(s, self.stop_now)
-        name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+        name = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}.get(
+            signum, "SIGHUP (its terminal or launcher went)"
+        )
         tqdm.write(
             f"{PROG}: {name}: saving a checkpoint after this iteration (signal again to quit now)", file=sys.stderr
         )
@@ -328,7 +338,8 @@ class TrainingLoop:
 
     def __exit__(self, exc_type, exc, traceback) -> bool:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for signum in STOP_SIGNALS[1:]:
+            signal.signal(signum, signal.SIG_DFL)
         if exc_type is None:
             self.status = "completed" if self.signum is None else "interrupted"
         elif issubclass(exc_type, KeyboardInterrupt):

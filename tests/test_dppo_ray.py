@@ -64,6 +64,9 @@ def test_own_processes_are_the_runs_and_no_others(tmp_path, own):
     tagged = subprocess.Popen(sleep, env=own.env(os.environ))
     others = [subprocess.Popen(sleep), subprocess.Popen(sleep, env=OwnProcesses().env(os.environ))]
     try:
+        deadline = time.monotonic() + SAFETY_NET  # /proc shows the tag once the forked child has exec'd with it
+        while tagged.pid not in own.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert set(own.alive()) == {in_session, tagged.pid}
         assert set(own.left_behind(within=1)) == {in_session, tagged.pid}, "a check that can fail"
         own.kill()

@@ -243,8 +243,8 @@ def test_sigterm_checkpoints_every_running_seed_starts_no_new_one_and_resume_con
 @pytest.mark.slow
 def test_a_killed_launcher_or_a_signal_at_start_up_leaves_every_started_seed_its_checkpoint(tmp_path):
     """SIGINT as the seeds start (before their training loops) reaches each at its first update: no traceback, each a
-    checkpoint. Then SIGKILL to a launcher mid-run: its seeds, whose console was a pipe to it, get SIGTERM
-    (PR_SET_PDEATHSIG), save their checkpoints and stop, and none is left running."""
+    checkpoint. Then SIGKILL to a launcher mid-run: its seeds, whose console was a pipe to it, get SIGHUP
+    (PR_SET_PDEATHSIG; Linux may send it more than once), save their checkpoints and stop, and none is left running."""
     from tests.conftest import OwnProcesses
 
     args = ["--env-id", "Pendulum-v1", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2"]
