@@ -302,7 +302,8 @@ class TrainingLoop:
     Ctrl-C (SIGINT) or a cluster's preemption (SIGTERM) sets `signum`: the loop finishes its iteration and stops, a
     checkpoint is saved, the exit status is 130 or 143. SIGHUP (a terminal closed, or a launcher that died: Linux may
     say that more than once, as it hands the run from one of the launcher's dying threads to the next) does the same,
-    once, with exit status 129. A second SIGINT or SIGTERM quits at once (`hard`: the state may be
+    once, with exit status 129, and is ignored from then on, and after the loop, while the run writes its last files.
+    A second SIGINT or SIGTERM quits at once (`hard`: the state may be
     mid-iteration, so the last checkpoint written at an iteration boundary is kept). The guard's BadBatchError ends
     the run with one line ("stopped_by_guard", exit status 1). A StopRun ends it as "failed" (exit status 1) with a
     checkpoint; its message is kept in `error` for the script to print last."""
@@ -320,8 +321,10 @@ class TrainingLoop:
         return self
 
     def stop_after_iteration(self, signum, frame):
+        if hasattr(signal, "SIGHUP"):  # from now on, to the end of the process: stopping already
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
         if signum != signal.SIGINT and signum != signal.SIGTERM and self.signum is not None:
-            return  # SIGHUP again: stopping already
+            return
         self.signum = signum
         for s in (signal.SIGINT, signal.SIGTERM):
             signal.signal(s, self.stop_now)
@@ -338,8 +341,9 @@ class TrainingLoop:
 
     def __exit__(self, exc_type, exc, traceback) -> bool:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        for signum in STOP_SIGNALS[1:]:
-            signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if hasattr(signal, "SIGHUP"):  # the run's last files are written whatever its terminal or launcher does
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
         if exc_type is None:
             self.status = "completed" if self.signum is None else "interrupted"
         elif issubclass(exc_type, KeyboardInterrupt):
