@@ -26,7 +26,6 @@ import dataclasses
 import logging
 import math
 import os
-import socket
 import sys
 import time
 import warnings
@@ -44,6 +43,7 @@ import checkpoints
 import ppo_continuous as ppo
 from checkpoints import RunState, UsageError, restore_training, resume_checkpoint, save_atomic, training_checkpoint
 from fast_paths import failure
+from many_seeds import ray_address_answers
 from run_management import (
     PROG,
     Monitor,
@@ -507,17 +507,6 @@ def broadcast_due(args: Args, version: int, last_broadcast: int) -> bool:
 # ---------------------------------------------------------------------------------------------------------------------
 # Ray set-up
 # ---------------------------------------------------------------------------------------------------------------------
-def ray_address_answers(address: str) -> bool:
-    """Whether something listens at a Ray `host:port` (or `ray://host:port`): ray.init retries an address with no Ray
-    behind it for minutes, a plain TCP probe answers at once."""
-    host, _, port = address.split("://")[-1].rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=5).close()
-    except (OSError, ValueError):
-        return False
-    return True
-
-
 def init_ray(args: Args):
     """Start or join Ray quietly; bad addresses and too few CPUs are usage errors."""
     if args.no_ray:

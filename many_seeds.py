@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import glob
 import io
 import json
@@ -361,6 +362,20 @@ class Ended:
     early_lines: list[str] = field(default_factory=list)
     started: float = 0.0  # when the launch started it (time.time()): older files in its folder are not its
 
+    @functools.cached_property
+    def summary(self) -> dict:
+        """The seed's summary.json, read once (its run has ended): the one this launch's run wrote, or for a run that
+        had nothing left to do, the one it had; {} when there is none (an earlier run's summary says nothing of a run
+        that failed now)."""
+        path = os.path.join(self.seed.run_dir, "summary.json")
+        try:
+            if self.returncode != 0 and os.path.getmtime(path) < self.started:  # 0: done now, or done before
+                return {}
+            with open(path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return {}
+
 
 class Launch:
     """The seeds' runs on this machine, `parallel` at a time, with one progress display and the signals passed on."""
@@ -509,23 +524,10 @@ def mean_std_interval(values: list[float]) -> tuple[float, float | None, tuple[f
     return mean, std, (mean - half, mean + half)
 
 
-def read_summary(ended: Ended) -> dict:
-    """The seed's summary.json: the one this launch's run wrote, or for a run that had nothing left to do, the one it
-    had; {} when there is none (an earlier run's summary says nothing of a run that failed now)."""
-    path = os.path.join(ended.seed.run_dir, "summary.json")
-    try:
-        if ended.returncode != 0 and os.path.getmtime(path) < ended.started:  # 0: done now, or done before
-            return {}
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
-
-
 def seed_status(ended: Ended) -> str:
     """How the seed's run ended, as its summary.json says (a signal that came as it was closing does not undo a
     completed run); else by its exit status."""
-    status = read_summary(ended).get("status")
+    status = ended.summary.get("status")
     if status:
         return status
     if ended.returncode is None:
@@ -543,7 +545,7 @@ def report(prog: str, ended: list[Ended], not_started: list[Seed], first: int) -
     lines = [f"{prog}: {count} seeds", f"{'seed':>6}  {'status':<20}{'steps':>10}  final return"]
     finals = []
     for row in rows:
-        summary, status = read_summary(row), seed_status(row)
+        summary, status = row.summary, seed_status(row)
         final = summary.get("mean_return_last_episodes")
         if final is not None and status == "completed":
             finals.append(float(final))
