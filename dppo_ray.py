@@ -63,7 +63,6 @@ make_env = ppo.make_env  # what a saved policy of this script is evaluated in (c
 
 # The flags of this script that a resumed run may change besides ppo_continuous.py's: how it uses the machine
 MACHINE_FLAGS = checkpoints.MACHINE_FLAGS | {
-    "ray_address",
     "actor_cpus",
     "object_store_memory",
     "no_ray",
