@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
+
 if TYPE_CHECKING:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -219,3 +221,49 @@ SMALL = ["--num-envs", "4", "--num-steps", "64", "--num-minibatches", "4", "--up
 SMALL += ["--no-compile"]
 VALUE_FIT = ["--no-norm-obs", "--no-norm-reward", "--no-clip-vloss", "--gamma", "0.5", "--learning-rate", "3e-3"]
 VALUE_FIT += ["--num-envs", "2", "--num-steps", "128", "--num-minibatches", "4", "--quiet", "--no-compile"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# A test alone with Ray: `--ray-address auto` joins any Ray on the machine, a local one another test started included
+# ---------------------------------------------------------------------------------------------------------------------
+def session_lock_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The gate and the lock shared by every worker of this pytest session (pytest-xdist's workers have folders of
+    their own under one session folder)."""
+    base = tmp_path_factory.getbasetemp()
+    folder = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    return folder / "ray_alone.gate", folder / "ray_alone.lock"
+
+
+@pytest.fixture(autouse=True)
+def _beside_others(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """Every test holds the shared lock while it runs, except one that asks to be alone (`alone_with_ray`). The gate
+    lets no test in while one waits to be alone, so that it is not kept waiting by tests that keep coming."""
+    if "alone_with_ray" in request.fixturenames:
+        yield
+        return
+    import fcntl
+
+    gate_path, lock_path = session_lock_files(tmp_path_factory)
+    with open(gate_path, "a") as gate, open(lock_path, "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        fcntl.flock(gate, fcntl.LOCK_UN)
+        yield
+
+
+@pytest.fixture
+def alone_with_ray(tmp_path_factory: pytest.TempPathFactory):
+    """Run with no other test of this session running, and once the Ray the earlier ones started has gone; skipped
+    where a Ray outside the tests (a user's cluster) runs on this machine."""
+    import fcntl
+
+    gate_path, lock_path = session_lock_files(tmp_path_factory)
+    with open(gate_path, "a") as gate, open(lock_path, "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        deadline = time.monotonic() + 60.0  # the tests' Ray is gone within seconds of their end; a user's stays
+        while subprocess.run(["pgrep", "-f", "gcs_server"], capture_output=True).returncode == 0:
+            if time.monotonic() > deadline:
+                pytest.skip("a Ray cluster runs on this machine, outside these tests")
+            time.sleep(0.5)
+        yield
