@@ -3,9 +3,10 @@
     python dppo_ray.py --env-id HalfCheetah-v5 --num-actors 2 --mode async
     python dppo_ray.py --env-id CartPole-v1 --num-actors 2 --no-ray      # in-process, for a debugger
 
-This file adds only what distribution needs to ppo_continuous.py, whose agent, sampler, update and numerical guard it
-imports, with the same checkpoints (checkpoints.py) and run management (run_management.py): a change to the algorithm
-there reaches both scripts, and the checkpoints of the two scripts fit each other. What only this script needs lives
+This file adds only what distribution needs to ppo_continuous.py. The learner is that file's run, step by step
+(start_run, rollout_batch, ppo_update, log_update, save_checkpoint, end_run), with the actors in the place of its
+Sampler (ActorSampler): a change to the algorithm there reaches both scripts, and the checkpoints of the two scripts
+fit each other. What only this script needs lives
 here: the rollout actors and their faults, staleness and its correction, Ray, and Discrete actions (CartPole, say).
 
 Each `RolloutActor` is ppo_continuous.py's `Sampler` run as a Ray actor: it steps `--num-envs-per-actor` envs with a
@@ -40,23 +41,21 @@ from torch.distributions import Categorical, Distribution
 from tqdm import tqdm
 
 import checkpoints
+import gae
 import ppo_continuous as ppo
-from checkpoints import RunState, UsageError, restore_training, resume_checkpoint, save_atomic, training_checkpoint
+from checkpoints import UsageError, resume_checkpoint
 from fast_paths import failure
 from many_seeds import ray_address_answers
 from run_management import (
     PROG,
-    Monitor,
+    Interrupted,
     StopRun,
     TrainingLoop,
     cli,
-    finish_run,
     first_line,
     require_positive,
-    run_folder,
     say_rounded_timesteps,
     seed_everything,
-    tensorboard_writer,
 )
 
 make_env = ppo.make_env  # what a saved policy of this script is evaluated in (checkpoints.Policy)
@@ -269,22 +268,21 @@ class ActorPool:
     rollout is late (--rollout-timeout) and re-sends either the weights it lost. Every restart is counted, and one past
     --max-actor-restarts stops the run (StopRun), as does an exception raised inside an env."""
 
-    def __init__(self, args: Args, ray_module, run_dir: str, state: RunState, loop: TrainingLoop):
+    def __init__(self, args: Args, ray_module, video_dir: str, first_step: int, counters: dict, loop: TrainingLoop):
         self.ray = ray_module
         self.args = args
         self.loop = loop  # a signal stops a wait for rollouts, not only the iteration after it
-        self.counters = state.counters  # the run's event counts: restarts, lost and dropped rollouts
+        self.counters = counters  # the run's event counts: restarts, lost and dropped rollouts
         self.restarts = 0  # in this process, against --max-actor-restarts
         self.timeout = rollout_timeout(args)
         actor_cls = RolloutActor
         if ray_module is not None:
             restarts = args.max_actor_restarts + 1  # Ray's cap per actor; the pool's own count stops the run first
             actor_cls = ray_module.remote(RolloutActor).options(num_cpus=args.actor_cpus, max_restarts=restarts)
-        video_dir = os.path.abspath(os.path.join(run_dir, "videos"))
         self.actors = []
         for index in range(args.num_actors):
             # A resumed run starts new random streams rather than replaying the first iterations' noise.
-            seed = args.seed + 1000 * (index + 1) + state.global_step
+            seed = args.seed + 1000 * (index + 1) + first_step
             actor_args = dataclasses.replace(args, capture_video=args.capture_video and index == 0)
             init = (args.env_id, args.num_envs_per_actor, seed, actor_args, video_dir)
             self.actors.append(RolloutActor(*init) if ray_module is None else actor_cls.remote(*init))
@@ -468,10 +466,6 @@ class ActorPool:
         return [accepted[key] for key in sorted(accepted)], dropped
 
 
-class Interrupted(Exception):
-    """Ctrl-C or SIGTERM came while the learner waited for rollouts: the iteration stops there."""
-
-
 def last_line(e: BaseException) -> str:
     """The last line of an exception's message: for one raised inside an actor, what it said, under Ray's traceback
     (fast_paths.failure gives the first, Ray's own summary)."""
@@ -484,15 +478,31 @@ def loss_settings(args: Args, ent_coef: float) -> dict:
     return ppo.loss_settings(args, ent_coef) | {"max_is_weight": args.max_is_weight}
 
 
-def stack_rollouts(rollouts: list[dict]) -> dict:
-    """Several samplers' rollouts as one, their envs side by side (the columns of the (T, N) arrays)."""
-    if len(rollouts) == 1:
+def stack_rollouts(rollouts: list[dict], dropped: list[dict]) -> dict:
+    """Several samplers' rollouts as one, their envs side by side (the columns of the (T, N) arrays). The dropped
+    rollouts add their steps, episodes, audits and statistics, not their samples."""
+    if len(rollouts) == 1 and not dropped:
         return rollouts[0]
-    per_step = ("obs", "actions", "logprobs", "rewards", "discounted_returns", "terminations", "truncations")
+    per_step = ("obs", "actions", "logprobs", "rewards", "terminations", "truncations")
     stacked = {k: np.concatenate([r[k] for r in rollouts], axis=1) for k in per_step}
     offsets = np.cumsum([0] + [r["rewards"].shape[1] for r in rollouts])
     stacked["final_index"] = np.concatenate([r["final_index"] + [0, off] for r, off in zip(rollouts, offsets)])
-    return stacked | {k: np.concatenate([r[k] for r in rollouts]) for k in ("final_obs", "next_obs")}
+    stacked |= {k: np.concatenate([r[k] for r in rollouts]) for k in ("final_obs", "next_obs")}
+    every = rollouts + dropped
+    moments = gae.RunningMeanStd(shape=every[0]["obs_mean"].shape, epsilon=0.0)
+    for r in every:
+        moments.update_from_moments(r["obs_mean"], r["obs_var"], int(r["obs_count"]))
+    return stacked | {
+        "discounted_returns": np.concatenate([r["discounted_returns"] for r in every], axis=1),
+        "obs_mean": moments.mean,
+        "obs_var": moments.var,
+        "obs_count": np.array(moments.count),
+        "env_steps": sum(int(r["env_steps"]) for r in every),
+        "episode_returns": np.concatenate([r["episode_returns"] for r in every]),
+        "episode_lengths": np.concatenate([r["episode_lengths"] for r in every]),
+        "acting_audit": np.array([r["acting_audit"] for r in every]),
+        "acting_problem": np.array([r["acting_problem"] for r in every]),
+    }
 
 
 def broadcast_due(args: Args, version: int, last_broadcast: int) -> bool:
@@ -553,26 +563,119 @@ def init_ray(args: Args):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Training: ppo_continuous.py's loop, with "gather rollouts from the actors" for the rollout and a broadcast after
+# The actors as the learner's sampler
 # ---------------------------------------------------------------------------------------------------------------------
-def train(args: Args) -> int:
-    ckpt = resume_checkpoint(args)
-    env = ppo.make_env(args.env_id)  # a bad env id fails here, before Ray starts
-    space = env.action_space
-    bounds = [space.low, space.high] if hasattr(space, "low") else None
-    spaces = (*check_spaces(args.env_id, env), env.obs_layout, bounds)
-    env.close()
-    device = seed_everything(args)
-    run_dir = run_folder(args)
-    ray = init_ray(args)
-    try:
-        exit_status, error = learn(args, ray, ckpt, spaces, run_dir, device)
-    finally:
-        if ray is not None:
-            ray.shutdown()
-    if error:  # after Ray's shutdown, so that nothing it prints comes after the cause
-        print(f"{PROG}: error: {error}", file=sys.stderr, flush=True)
-    return exit_status
+class ActorSampler:
+    """The rollout actors, seen by ppo_continuous.py's run as its sampler: `start_run`, `rollout_batch`, `log_update`
+    and `end_run` take them as they take a Sampler. What they add is distribution: a rollout is the batch gathered
+    from the actors (stale ones dropped in async mode), and the weights go out every --sync-every updates. The
+    actors start when the run's training loop has begun (`attach`), so that one that fails to start stops the run
+    with its checkpoint and summary."""
+
+    def __init__(self, args: Args, env: gym.Env):
+        self.args = args
+        obs_dim, act_dim, self.discrete = check_spaces(args.env_id, env)
+        self.spaces = (obs_dim, act_dim)
+        self.action_space = env.action_space
+        self.obs_layout = env.obs_layout
+        self.pool: ActorPool | None = None
+        self.state = None  # the run's RunState (attach)
+        self.last_broadcast = None  # (version, whether the actors act with numpy) of the weights they have
+        self.lags: list[int] = []
+        self.actor_speed = 0.0
+        self.actor_nodes: set[str] = set()
+        self.seconds = {"wait": 0.0, "update": 0.0, "broadcast": 0.0}  # where the learner's time goes
+        self.last = {"wait": 0.0, "update": 0.0, "broadcast": 0.0}
+        self.update_start: float | None = None
+
+    rng_state = None  # the actors' streams are seeded anew from the step a resumed run starts at
+
+    def make_agent(self) -> Agent:
+        return Agent(*self.spaces, discrete=self.discrete)
+
+    def attach(self, run: ppo.Run, loop: TrainingLoop, ray_module) -> None:
+        """Start the actors (on Ray, unless `ray_module` is None), which count into the run's counters and stop a
+        wait for rollouts when a signal ends the loop."""
+        for key in ("dropped_rollouts", "actor_restarts", "lost_rollouts", "discarded_rollouts"):
+            run.state.counters.setdefault(key, 0)
+        self.state = run.state
+        video_dir = os.path.abspath(os.path.join(run.run_dir, "videos"))
+        self.pool = ActorPool(self.args, ray_module, video_dir, run.state.global_step, run.state.counters, loop)
+
+    def warm_up(self, steps: int) -> tuple[np.ndarray, np.ndarray, float]:
+        """The moments of every actor's random-action warm-up, merged."""
+        moments = gae.RunningMeanStd(shape=(self.spaces[0],), epsilon=0.0)
+        for mean, var, count in self.pool.ask_all("warm_up", steps):
+            moments.update_from_moments(mean, var, count)
+        return moments.mean, moments.var, moments.count
+
+    def set_policy(self, weights: dict[str, np.ndarray]) -> None:
+        """Broadcast the weights when due (broadcast_due), when the actors have none yet, or when the acting audit
+        moved acting to torch since the last broadcast."""
+        self.account("update")
+        version, fast = self.state.iteration, bool(weights["fast_acting"])
+        if self.last_broadcast is None or self.last_broadcast[1] != fast:
+            due = True
+        else:
+            due = broadcast_due(self.args, version, self.last_broadcast[0])
+        if not due:
+            return
+        self.last["broadcast"] = self.pool.broadcast(weights, version)
+        self.seconds["broadcast"] += self.last["broadcast"]
+        self.last_broadcast = (version, fast)
+
+    def rollout(self, num_steps: int) -> dict[str, np.ndarray]:
+        """One batch of rollouts (ActorPool.gather) as one rollout, the actors' envs side by side. Dropped rollouts
+        count their steps, episodes and statistics, as a discarded one does in ppo_continuous.py."""
+        pool = self.pool
+        if self.args.mode == "async" and not pool.in_flight:
+            for i in range(self.args.num_actors):
+                pool.submit(i)
+        wait_start = time.perf_counter()
+        rollouts, dropped = pool.gather(self.state.iteration)
+        self.last["wait"] = time.perf_counter() - wait_start
+        self.seconds["wait"] += self.last["wait"]
+        self.update_start = time.perf_counter()
+        self.lags = [self.state.iteration - int(r["policy_version"]) for r in rollouts]
+        self.actor_speed = float(np.mean([r["rewards"].size / float(r["sample_seconds"]) for r in rollouts]))
+        self.actor_nodes.update(str(r["node_id"]) for r in rollouts)
+        return stack_rollouts(rollouts, dropped)
+
+    def account(self, part: str) -> None:
+        """Add the time since the last rollout came to `part` of the learner's time."""
+        if self.update_start is not None:
+            self.last[part] = time.perf_counter() - self.update_start
+            self.seconds[part] += self.last[part]
+            self.update_start = None
+
+    def scalars(self) -> dict[str, float]:
+        """Staleness, the actors' faults and where the learner's time went, for TensorBoard with each update."""
+        update_seconds = time.perf_counter() - self.update_start if self.update_start is not None else 0.0
+        return {
+            "charts/policy_lag_min": min(self.lags),
+            "charts/policy_lag_max": max(self.lags),
+            "charts/policy_lag_mean": float(np.mean(self.lags)),
+            "charts/dropped_rollouts": self.state.counters["dropped_rollouts"],
+            "charts/actor_restarts": self.state.counters["actor_restarts"],
+            "charts/lost_rollouts": self.state.counters["lost_rollouts"],
+            "perf/learner_update_seconds": update_seconds,
+            "perf/learner_wait_seconds": self.last["wait"],
+            "perf/weight_sync_seconds": self.last["broadcast"],
+            "perf/actor_env_steps_per_second": self.actor_speed,
+        }
+
+    def summary(self) -> dict:
+        """summary.json's fields of the distribution."""
+        self.account("update")
+        return {
+            "learner_updates": self.state.iteration,
+            "rollout_timeout_seconds": rollout_timeout(self.args),
+            "actor_nodes": len(self.actor_nodes),
+            "learner_seconds": {k: round(v, 2) for k, v in self.seconds.items()},
+        }
+
+    def close(self) -> None:
+        """The actors end with Ray's shutdown (train)."""
 
 
 def decouple(batch: dict, agent) -> dict:
@@ -584,109 +687,45 @@ def decouple(batch: dict, agent) -> dict:
     return batch
 
 
-def learn(args: Args, ray, ckpt: dict | None, spaces: tuple, run_dir: str, device) -> tuple[int, str | None]:
-    """The learner: agent, optimizer and statistics (restored from `ckpt` on --resume), the actors, the loop.
-    `spaces`: the env's (obs_dim, act_dim, discrete, obs_layout, action_bounds). Returns the exit status and, for a
-    run that an actor's failure stopped, its cause."""
-    obs_dim, act_dim, discrete, obs_layout, action_bounds = spaces
-    learner = ppo.make_learner(args, Agent(obs_dim, act_dim, discrete), device)
-    learner.agent.obs_layout = obs_layout
-    learner.agent.action_bounds = action_bounds
-    state = RunState() if ckpt is None else restore_training(ckpt, learner, args.resume)
-    for key in ("dropped_rollouts", "actor_restarts", "lost_rollouts", "discarded_rollouts"):
-        state.counters.setdefault(key, 0)
-    decoupled = args.stale_correction == "decoupled"
-    # The numpy actor computes a Gaussian policy: Discrete actions act with torch without checking it
-    ppo.start_fast_paths(learner, args, numpy_acting=not discrete)
-    writer = tensorboard_writer(args, run_dir, resumed_at=state.global_step if args.resume else None)
-    monitor = Monitor(args, writer, state, act_dim, learner.fast)
-    say_rounded_timesteps(args)
-    actor_nodes: set[str] = set()
+# ---------------------------------------------------------------------------------------------------------------------
+# Training: ppo_continuous.py's steps, with the actors for the sampler
+# ---------------------------------------------------------------------------------------------------------------------
+def training_loop(run: ppo.Run, loop: TrainingLoop) -> None:
+    """ppo_continuous.py's training_loop, with --stale-correction's step between the batch and the update."""
+    args = run.args
+    while run.state.iteration < args.num_iterations and loop.signum is None:
+        iteration = run.state.iteration + 1
+        ent_coef = ppo.anneal(run.learner.optimizer, args, iteration)
+        run.sampler.set_policy(ppo.policy_weights(run.learner))
+        batch = ppo.rollout_batch(run, run.sampler.rollout(args.num_steps))
+        if args.stale_correction == "decoupled":
+            batch = decouple(batch, run.learner.agent)
+        stats, problem = ppo.ppo_update(run.learner, batch, args, loss_settings(args, ent_coef), iteration)
+        ppo.log_update(run, batch, stats, problem, ent_coef)
 
-    def save_checkpoint() -> None:
-        checkpoint = training_checkpoint(learner, args, state, monitor.wall_time())
-        save_atomic(checkpoint, os.path.join(run_dir, "checkpoint.pt"))
 
-    learner_seconds = {"wait": 0.0, "prepare": 0.0, "update": 0.0, "broadcast": 0.0}  # where its time goes
-    with TrainingLoop(run_dir) as loop:
-        pool = ActorPool(args, ray, run_dir, state, loop)
-        if ckpt is None and args.norm_obs and args.obs_warmup_steps:
-            for moments in pool.ask_all("warm_up", args.obs_warmup_steps):
-                learner.obs_rms.update_from_moments(*moments)
-        sync_seconds = pool.broadcast(ppo.policy_weights(learner), state.iteration)
-        learner_seconds["broadcast"] += sync_seconds
-        last_broadcast = state.iteration
-        if args.mode == "async":
-            for i in range(args.num_actors):
-                pool.submit(i)
-        while state.iteration < args.num_iterations and loop.signum is None:
-            version = state.iteration  # the learner's policy version: the number of updates so far
-            ent_coef = ppo.anneal(learner.optimizer, args, version + 1)
-            wait_start = time.perf_counter()
-            try:
-                rollouts, dropped = pool.gather(version)
-            except Interrupted:
-                break  # a signal came while waiting for rollouts: this iteration has none to train on
-            acted_fast = learner.fast.acting
-            learner.fast.read_acting_audits(rollouts + dropped, version + 1, state.counters)
-            if acted_fast and not learner.fast.acting:  # the actors act with torch from the next broadcast on
-                pool.broadcast(ppo.policy_weights(learner), version)
-            for rollout in dropped + rollouts:
-                state.global_step += int(rollout["env_steps"])
-                for episodic_return, episodic_length in zip(rollout["episode_returns"], rollout["episode_lengths"]):
-                    writer.add_scalar("charts/episodic_return", episodic_return, state.global_step)
-                    writer.add_scalar("charts/episodic_length", episodic_length, state.global_step)
-                    monitor.recent_returns.append(float(episodic_return))
-                ppo.update_statistics(rollout, learner, args)
-            wait_seconds = time.perf_counter() - wait_start
-            lags = [version - int(r["policy_version"]) for r in rollouts]
-            actor_speed = float(np.mean([r["rewards"].size / float(r["sample_seconds"]) for r in rollouts]))
-            actor_nodes.update(str(r["node_id"]) for r in rollouts)
-            batch = ppo.prepare_batch(learner, stack_rollouts(rollouts), args)
-            if decoupled:
-                batch = decouple(batch, learner.agent)
-            update_start = time.perf_counter()
-            learner_seconds["prepare"] += update_start - wait_start - wait_seconds
-            stats, problem = ppo.ppo_update(learner, batch, args, loss_settings(args, ent_coef), version + 1)
-            update_seconds = time.perf_counter() - update_start
-            learner_seconds["wait"] += wait_seconds
-            learner_seconds["update"] += update_seconds
-            state.iteration += 1
-            if broadcast_due(args, state.iteration, last_broadcast):
-                sync_seconds = pool.broadcast(ppo.policy_weights(learner), state.iteration)
-                last_broadcast = state.iteration
-                learner_seconds["broadcast"] += sync_seconds
-            if monitor.guard(batch, problem):  # counts what the guard dropped; stops after --guard-patience bad batches
-                stats |= {
-                    "charts/learning_rate": learner.optimizer.param_groups[0]["lr"],
-                    "charts/ent_coef": ent_coef,
-                    "charts/SPS": monitor.steps_per_second(),
-                    "charts/policy_lag_min": min(lags),
-                    "charts/policy_lag_max": max(lags),
-                    "charts/policy_lag_mean": float(np.mean(lags)),
-                    "charts/dropped_rollouts": state.counters["dropped_rollouts"],
-                    "charts/actor_restarts": state.counters["actor_restarts"],
-                    "charts/lost_rollouts": state.counters["lost_rollouts"],
-                    "perf/learner_update_seconds": update_seconds,
-                    "perf/learner_wait_seconds": wait_seconds,
-                    "perf/weight_sync_seconds": sync_seconds,
-                    "perf/actor_env_steps_per_second": actor_speed,
-                }
-                for tag, value in (stats | learner.fast.scalars()).items():
-                    writer.add_scalar(tag, value, state.global_step)
-                monitor.diagnose(stats)  # health warnings, progress bar
-                if args.checkpoint_every and state.iteration % args.checkpoint_every == 0:
-                    save_checkpoint()
-    if loop.keeps_state:
-        save_checkpoint()
-    extra = {
-        "learner_updates": state.iteration,
-        "rollout_timeout_seconds": rollout_timeout(args),
-        "actor_nodes": len(actor_nodes),
-        "learner_seconds": {k: round(v, 2) for k, v in learner_seconds.items()},
-    }
-    eval_failed = finish_run(monitor, loop.status, learner, state, sys.modules[__name__], extra)
-    return loop.exit_status() or eval_failed, loop.error
+def train(args: Args) -> int:
+    ckpt = resume_checkpoint(args)
+    env = ppo.make_env(args.env_id)  # a bad env id or action space fails here, before Ray starts
+    actors = ActorSampler(args, env)
+    env.close()
+    device = seed_everything(args)
+    ray = init_ray(args)
+    try:
+        run = ppo.start_run(args, ckpt, device, actors)
+        say_rounded_timesteps(args)
+        with TrainingLoop(run.run_dir) as loop:
+            actors.attach(run, loop, ray)  # one that fails to start stops the run with its checkpoint
+            if ckpt is None:
+                ppo.warm_up(run)
+            training_loop(run, loop)
+        eval_failed = ppo.end_run(run, loop.status, loop.keeps_state, actors.summary())
+    finally:
+        if ray is not None:
+            ray.shutdown()
+    if loop.error:  # after Ray's shutdown, so that nothing it prints comes after the cause
+        print(f"{PROG}: error: {loop.error}", file=sys.stderr, flush=True)
+    return loop.exit_status() or eval_failed
 
 
 if __name__ == "__main__":

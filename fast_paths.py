@@ -6,10 +6,12 @@
   (`check_acting`), and on every rollout against TorchActor on the very observations and noise it acted with
   (`audit_acting`). One that differs steps aside with one line; the rollout it acted in is sampled again with torch.
 - **The gradient, derived.** The update has no second implementation: its gradient is the script's one gradient
-  function (ppo_continuous.clipped_gradient, autograd's through Agent and gae.ppo_loss), compiled with torch.compile
-  where it compiles (`compile_for`, `compiled_step`), and every step is the optimizer's own. What this file adds is
-  only when the compiled graph cannot stand in for the function run eagerly (`compile_blockers`: a gradient hook, a
-  module hook, a random layer, a buffer), said in one line, and which way each part runs (`choose_paths`).
+  function (ppo_continuous.clipped_gradient, autograd's through Agent and gae.ppo_loss, passed in by the script),
+  compiled with torch.compile where it compiles (`compile_for`, `compiled_step`), and every step is the optimizer's
+  own. What this file adds is the plumbing around it: the gradient left in each trained tensor's .grad (`set_grads`),
+  this update's choice of compiled or eager (`update_gradient`), when the compiled graph cannot stand in for the
+  function run eagerly (`compile_blockers`: a gradient hook, a module hook, a random layer, a buffer) or neither runs
+  a hook (`unrun_hook`), said in one line, and which way each part runs (`choose_paths`).
 
 `FastPaths` records which way each part runs, for the console, TensorBoard and summary.json.
 """
@@ -17,6 +19,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import os
 import re
@@ -29,7 +32,8 @@ from torch import nn
 from tqdm import tqdm
 
 from checkpoints import PROG, agent_attributes, unwrapped
-from gae import LOG_SQRT_2PI
+from gae import LOG_SQRT_2PI, PPOLoss
+from run_management import StopRun
 
 # A mirror matches when each value it computes differs from the plain path's by at most this fraction of that value's
 # largest magnitude (see relative_differences). Both compute in float32, whose rounding (about 1e-7 relative)
@@ -337,15 +341,15 @@ def untraceable(e: BaseException) -> str | None:
     )
 
 
-def compiled_step(step, function, agent: nn.Module, fast: FastPaths):
-    """`step(function, ...)` (the script's gradient_step of its clipped_gradient) with `function` compiled into one
-    graph (compile_for), said in one line before it first compiles. If compiling or running the graph fails (no C++
-    compiler for inductor, code it cannot trace, a value that changes at every call and so would recompile at every
-    call), `fast` records why, with one line, and `function` runs eagerly from that call on: the same code, so an
-    error of the user's code recurs there."""
+def compiled_step(gradient, agent: nn.Module, fast: FastPaths):
+    """set_grads of `gradient` (the script's clipped_gradient) compiled into one graph (compile_for): the same code,
+    far fewer ops than autograd's per-op dispatch, said in one line before it first compiles. If compiling or running
+    the graph fails (no C++ compiler for inductor, code it cannot trace, a value that changes at every call and so
+    would recompile at every call), `fast` records why, with one line, and `gradient` runs eagerly from that call on:
+    the same code, so an error of the user's code recurs there."""
     from torch._dynamo.exc import FailOnRecompileLimitHit
 
-    compiled = compile_for(function, agent)
+    compiled = compile_for(gradient, agent)
     announced = False
 
     def run(*args):
@@ -358,19 +362,74 @@ def compiled_step(step, function, agent: nn.Module, fast: FastPaths):
                 )
             announced = True
             try:
-                return step(compiled, *args)
+                return set_grads(compiled, *args)
             except Exception as e:  # noqa: BLE001 (said in one line; the eager function computes the same)
                 fast.compiled = None
                 reason = untraceable(e) or f"torch.compile failed ({failure(e)})"
                 if isinstance(e, FailOnRecompileLimitHit):
                     reason = (
-                        f"{recompile_reason(function)} keeps changing, and each value compiles a graph of its own "
+                        f"{recompile_reason(gradient)} keeps changing, and each value compiles a graph of its own "
                         f"({RECOMPILES} recompiles; a Python number does, a tensor would not)"
                     )
                 fast.step_aside("gradient", fast.iteration, reason, "eager")
-        return step(function, *args)
+        return set_grads(gradient, *args)
 
     return run
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# This update's gradient: the script's gradient function, compiled or eager, into each trained tensor's .grad
+# ---------------------------------------------------------------------------------------------------------------------
+def trained_tensors(learner) -> list[torch.Tensor]:
+    """What loss.backward() would give a gradient: the Agent's parameters and every tensor the optimizer holds, those
+    that require one (a frozen layer does not)."""
+    held = [p for group in learner.optimizer.param_groups for p in group["params"]]
+    tensors = {id(p): p for p in [*learner.agent.parameters(), *held] if p.requires_grad}
+    return list(tensors.values())
+
+
+def set_grads(gradient, learner, minibatch: dict, loss_kwargs: dict, max_grad_norm: float):
+    """`gradient` (the script's clipped_gradient or its compiled graph) of the minibatch, left in the .grad of every
+    trained tensor (None where the loss does not reach it) for the optimizer's step; returns the loss's statistics and
+    the gradient's norm."""
+    params = trained_tensors(learner)
+    learner.optimizer.zero_grad()
+    grads, fields, norm = gradient(learner.agent, params, minibatch, loss_kwargs, max_grad_norm)
+    for param, grad in zip(params, grads):
+        param.grad = grad
+    return PPOLoss(**fields, clip_coef=loss_kwargs["clip_coef"]), norm
+
+
+def unrun_hook(learner) -> str | None:
+    """A post-accumulate-grad hook on a trained tensor, in words: loss.backward() would run it, but the gradient here is
+    taken with torch.autograd.grad, which accumulates nothing and so runs none. None when there is none."""
+    names = {id(p): name for name, p in learner.agent.named_parameters()}
+    for tensor in trained_tensors(learner):
+        if getattr(tensor, "_post_accumulate_grad_hooks", None):
+            return (
+                f"a post-accumulate-grad hook on {names.get(id(tensor), 'a tensor the optimizer holds')} would never "
+                f"run: the gradient is taken with torch.autograd.grad (Tensor.register_hook runs, before the clip)"
+            )
+    return None
+
+
+def update_gradient(learner, gradient, iteration: int):
+    """This update's gradient function, called with (learner, minibatch, loss_kwargs, max_grad_norm): `gradient` (the
+    script's clipped_gradient) compiled while nothing in the Agent stops it (checked before every update, so a hook
+    registered during the run counts from the next), else `gradient` run eagerly; either way set_grads leaves the
+    gradients in .grad for the optimizer's step. A hook that neither runs stops the run before the update (StopRun:
+    its checkpoint is whole)."""
+    hook = unrun_hook(learner)
+    if hook:
+        raise StopRun(hook)
+    fast = learner.fast
+    fast.iteration = iteration
+    if fast.compiled is not None:
+        problem = compile_blockers(unwrapped(learner.agent))
+        if problem is not None:
+            fast.compiled = None
+            fast.step_aside("gradient", iteration, problem, "eager")
+    return fast.compiled or functools.partial(set_grads, gradient)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -378,8 +437,8 @@ def compiled_step(step, function, agent: nn.Module, fast: FastPaths):
 # ---------------------------------------------------------------------------------------------------------------------
 @dataclass
 class FastPaths:
-    """Which way each part runs: `acting` True for NumpyActor; `compiled` the compiled gradient function
-    (ppo_continuous.compiled_gradient) or None for the eager one. `used` says it in words, for summary.json and
+    """Which way each part runs: `acting` True for NumpyActor; `compiled` the compiled gradient step (compiled_step of
+    the script's clipped_gradient) or None for the eager one. `used` says it in words, for summary.json and
     TensorBoard; `differences` holds the latest acting audit's largest relative difference, and `switches` each part
     that stepped aside during the run."""
 
@@ -411,10 +470,11 @@ class FastPaths:
         whose actor acted otherwise than TorchActor was not trained on: the sampler sampled it again acting with torch
         (sampling again keeps PPO's ratio anchored to the policy that acted; rescoring the actions would not). Then
         acting moves to torch for the rest of the run, and the discarded rollouts are counted."""
-        audits = [float(r["acting_audit"]) for r in rollouts if np.isfinite(r["acting_audit"])]
+        # a rollout of several samplers (dppo_ray.py's actors) carries an audit and a problem for each
+        audits = [float(a) for r in rollouts for a in np.atleast_1d(r["acting_audit"]) if np.isfinite(a)]
         if audits:
             self.differences["acting"] = max(audits)
-        problems = [str(r["acting_problem"]) for r in rollouts if str(r["acting_problem"])]
+        problems = [str(p) for r in rollouts for p in np.atleast_1d(r["acting_problem"]) if str(p)]
         counters["discarded_rollouts"] += len(problems)
         if problems and self.acting:
             self.acting = False
@@ -460,11 +520,11 @@ def worst_of(compared: dict[str, tuple], against: str, floor: float = 0.0) -> tu
     ], f"its {list(compared)[worst]} differ from {against} by {relatives[worst]:.3g} of their scale"
 
 
-def choose_paths(learner, args, plain_actor: type, compile_gradient, numpy_acting: bool = True) -> FastPaths:
+def choose_paths(learner, args, plain_actor: type, gradient, numpy_acting: bool = True) -> FastPaths:
     """Which way acting and the gradient run, said in one line for each part that cannot run fast: the numpy actor
     where it acts as `plain_actor` (the script's TorchActor) does (check_acting; `numpy_acting` False: a policy it does
-    not compute, DPPO's Discrete one), the gradient compiled by `compile_gradient(agent, fast)` (the script's
-    compiled_gradient) where nothing in the Agent stops it (compile_blockers)."""
+    not compute, DPPO's Discrete one), and `gradient` (the script's clipped_gradient) compiled (compiled_step) where
+    nothing in the Agent stops it (compile_blockers)."""
     fast = FastPaths(quiet=args.quiet)
     agent = unwrapped(learner.agent)
     acting_problem = None
@@ -483,7 +543,7 @@ def choose_paths(learner, args, plain_actor: type, compile_gradient, numpy_actin
         if compile_problem is not None:
             say(f"compiled gradient off: {compile_problem}; training with the eager gradient")
     if compile_problem is None:
-        fast.compiled = compile_gradient(agent, fast)
+        fast.compiled = compiled_step(gradient, agent, fast)
     compiled = "torch.compile of clipped_gradient (autograd through Agent and gae.ppo_loss)"
     fast.used["gradient"] = compiled if fast.compiled else f"eager clipped_gradient ({compile_problem})"
     fast.used["optimizer step"] = f"{type(learner.optimizer).__module__}.{type(learner.optimizer).__name__}.step()"

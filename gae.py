@@ -8,6 +8,7 @@ tests, nothing in the repository re-implements these formulas.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -315,6 +316,23 @@ def advantage_outliers(
         if mad > 0:
             bad |= valid & ~bad & (np.abs(advantages - median) > mad_factor * mad)
     return bad
+
+
+def too_few_samples(kept: int, size: int) -> str | None:
+    """Why a batch of `size` samples is skipped when only `kept` are usable: under half of it; None otherwise."""
+    if kept < size / 2:
+        return f"only {kept} of {size} samples are usable (NaN/inf data or outlier advantages)"
+    return None
+
+
+def bad_step(loss: float, grad_norm: float, max_abs: float, epoch: int) -> str | None:
+    """Why a minibatch's step must not be taken: a non-finite loss or one above `max_abs`, or a non-finite gradient
+    norm, in words naming the epoch (counted from 0); None when the step may be taken."""
+    if not math.isfinite(loss) or abs(loss) > max_abs:
+        return f"loss {loss:.3g} in epoch {epoch + 1}"
+    if not math.isfinite(grad_norm):
+        return f"non-finite gradient in epoch {epoch + 1}"
+    return None
 
 
 def finished_episodes(

@@ -25,9 +25,7 @@ import many_seeds  # the standard library only
 if __name__ == "__main__" and many_seeds.asked(sys.argv[1:]):  # N seeds: N single runs of this file, as processes
     sys.exit(many_seeds.launch(__file__, sys.argv[1:]))
 
-import functools
 import importlib
-import math
 import os
 import traceback
 from dataclasses import dataclass, field
@@ -49,7 +47,7 @@ from checkpoints import (
     training_checkpoint,
     unwrapped,
 )
-from fast_paths import FastPaths, NumpyActor, audit_acting, choose_paths, compile_blockers, compiled_step, failure
+from fast_paths import FastPaths, NumpyActor, audit_acting, choose_paths, failure, update_gradient
 from run_management import (
     PROG,
     Monitor,
@@ -385,8 +383,9 @@ class Sampler:
         return self.rng.bit_generator.state
 
     @rng_state.setter
-    def rng_state(self, state: dict) -> None:
-        self.rng.bit_generator.state = state
+    def rng_state(self, state: dict | None) -> None:
+        if state is not None:  # None: dppo_ray.py's actors keep no stream; this one stays seeded from the step
+            self.rng.bit_generator.state = state
 
     def make_agent(self) -> Agent:
         return Agent(*self.spaces)
@@ -513,6 +512,11 @@ class Sampler:
             "acting_problem": np.array(problem or ""),
         }
 
+    def scalars(self) -> dict[str, float]:
+        """What TensorBoard records of the sampler with each update: nothing here (dppo_ray.py's actors record their
+        staleness, restarts and timings)."""
+        return {}
+
     def close(self) -> None:
         for env in self.envs:
             env.close()
@@ -552,9 +556,9 @@ def loss_settings(args: Args, ent_coef: float) -> dict:
 
 
 def start_fast_paths(learner: Learner, args: Args, numpy_acting: bool = True) -> None:
-    """Which way acting and the gradient run (fast_paths.choose_paths, with this file's TorchActor and compiled
-    gradient), said in one line for each part that cannot run fast."""
-    learner.fast = choose_paths(learner, args, TorchActor, compiled_gradient, numpy_acting)
+    """Which way acting and the gradient run (fast_paths.choose_paths, with this file's TorchActor and
+    clipped_gradient), said in one line for each part that cannot run fast."""
+    learner.fast = choose_paths(learner, args, TorchActor, clipped_gradient, numpy_acting)
 
 
 def policy_weights(learner: Learner) -> dict[str, np.ndarray]:
@@ -673,73 +677,14 @@ def clipped_gradient(agent: Agent, params: list[torch.Tensor], minibatch: dict, 
     """The one gradient function: autograd's gradient of the minibatch's loss with respect to `params` (the trained
     tensors), clipped by its global norm. None for a tensor the loss does not reach (detached, under no_grad,
     unused), as loss.backward() leaves its .grad, so that the optimizer leaves it alone. Run as it is (--no-compile)
-    or compiled by torch.compile (compiled_gradient); returns the gradients, the loss's statistics and the norm
-    before clipping."""
+    or compiled by torch.compile (fast_paths.update_gradient picks); returns the gradients, the loss's statistics and
+    the norm before clipping."""
     stats = minibatch_loss(agent, minibatch, loss_kwargs)
     grads = torch.autograd.grad(stats.loss, params, allow_unused=True)
     clipped, norm = clip_gradients([g for g in grads if g is not None], max_grad_norm)
     reached = iter(clipped)
     grads = [None if g is None else next(reached) for g in grads]
     return grads, {key: value.detach() for key, value in stats._asdict().items() if torch.is_tensor(value)}, norm
-
-
-def trained_tensors(learner: Learner) -> list[torch.Tensor]:
-    """What loss.backward() would give a gradient: the Agent's parameters and every tensor the optimizer holds, those
-    that require one (a frozen layer does not)."""
-    held = [p for group in learner.optimizer.param_groups for p in group["params"]]
-    tensors = {id(p): p for p in [*learner.agent.parameters(), *held] if p.requires_grad}
-    return list(tensors.values())
-
-
-def gradient_step(gradient, learner: Learner, minibatch: dict, loss_kwargs: dict, max_grad_norm: float):
-    """`gradient` (clipped_gradient or its compiled graph) of the minibatch, left in the .grad of every trained tensor
-    (None where the loss does not reach it); returns the loss's statistics and the gradient's norm."""
-    params = trained_tensors(learner)
-    learner.optimizer.zero_grad()
-    grads, fields, norm = gradient(learner.agent, params, minibatch, loss_kwargs, max_grad_norm)
-    for param, grad in zip(params, grads):
-        param.grad = grad
-    return gae.PPOLoss(**fields, clip_coef=loss_kwargs["clip_coef"]), norm
-
-
-eager_gradient = functools.partial(gradient_step, clipped_gradient)
-
-
-def compiled_gradient(agent: Agent, fast: FastPaths):
-    """eager_gradient with clipped_gradient compiled into one graph (fast_paths.compiled_step): the same code, far
-    fewer ops than autograd's per-op dispatch; eager_gradient from the minibatch where compiling fails, with one
-    line."""
-    return compiled_step(gradient_step, clipped_gradient, agent, fast)
-
-
-def unrun_hook(learner: Learner) -> str | None:
-    """A post-accumulate-grad hook on a trained tensor, in words: loss.backward() would run it, but the gradient here is
-    taken with torch.autograd.grad, which accumulates nothing and so runs none. None when there is none."""
-    names = {id(p): name for name, p in learner.agent.named_parameters()}
-    for tensor in trained_tensors(learner):
-        if getattr(tensor, "_post_accumulate_grad_hooks", None):
-            return (
-                f"a post-accumulate-grad hook on {names.get(id(tensor), 'a tensor the optimizer holds')} would never "
-                f"run: the gradient is taken with torch.autograd.grad (Tensor.register_hook runs, before the clip)"
-            )
-    return None
-
-
-def update_gradient(learner: Learner, iteration: int):
-    """This update's gradient function: the compiled one while nothing in the Agent stops it (checked before every
-    update, so a hook registered during the run counts from the next), else eager_gradient. A hook that neither runs
-    stops the run before the update (StopRun: its checkpoint is whole)."""
-    hook = unrun_hook(learner)
-    if hook:
-        raise StopRun(hook)
-    fast = learner.fast
-    fast.iteration = iteration
-    if fast.compiled is not None:
-        problem = compile_blockers(unwrapped(learner.agent))
-        if problem is not None:
-            fast.compiled = None
-            fast.step_aside("gradient", iteration, problem, "eager")
-    return fast.compiled or eager_gradient
 
 
 def epoch_minibatches(batch: dict, args: Args) -> list[dict]:
@@ -750,18 +695,6 @@ def epoch_minibatches(batch: dict, args: Args) -> list[dict]:
     slices = {key: torch.tensor_split(batch[key][b_inds], args.num_minibatches) for key in columns}
     minibatches = [{key: parts[i] for key, parts in slices.items()} for i in range(args.num_minibatches)]
     return [minibatch for minibatch in minibatches if len(minibatch["advantages"])]  # more minibatches than samples
-
-
-def guarded_step(optimizer: optim.Optimizer, stats: gae.PPOLoss, grad_norm: torch.Tensor, args: Args, epoch: int):
-    """The optimizer's own step, unless the loss or the gradient went non-finite (or the loss past --guard-max-abs):
-    then the problem, and no step."""
-    loss = stats.loss.item()  # the guard must see it before the step
-    if not math.isfinite(loss) or abs(loss) > args.guard_max_abs:
-        return f"loss {loss:.3g} in epoch {epoch + 1}"
-    if not math.isfinite(grad_norm.item()):
-        return f"non-finite gradient in epoch {epoch + 1}"
-    optimizer.step()
-    return None
 
 
 def update_scalars(stats: gae.PPOLoss, ratios: list[torch.Tensor], batch: dict, args: Args) -> dict:
@@ -778,29 +711,23 @@ def update_scalars(stats: gae.PPOLoss, ratios: list[torch.Tensor], batch: dict, 
     }
 
 
-def too_few_samples(batch: dict) -> str | None:
-    kept = len(batch["advantages"])
-    if kept < batch["size"] / 2:
-        return f"only {kept} of {batch['size']} samples are usable (NaN/inf data or outlier advantages)"
-    return None
-
-
 def ppo_update(learner: Learner, batch: dict, args: Args, loss_kwargs: dict, iteration: int) -> tuple[dict, str | None]:
     """--update-epochs passes over shuffled minibatches of the samples the guard kept: the gradient of each
     (autograd's, compiled or eager) clipped by its global norm, then the optimizer's own step. Returns the
     statistics of the last minibatch (as CleanRL logs them) and a problem string when the loss or a gradient went
     non-finite."""
-    problem = too_few_samples(batch)
+    problem = gae.too_few_samples(len(batch["advantages"]), batch["size"])
     if problem:
         return {}, problem
-    gradient = update_gradient(learner, iteration)
+    gradient = update_gradient(learner, clipped_gradient, iteration)
     ratios = []
     for epoch in range(args.update_epochs):
         for minibatch in epoch_minibatches(batch, args):
             stats, grad_norm = gradient(learner, minibatch, loss_kwargs, args.max_grad_norm)
-            problem = guarded_step(learner.optimizer, stats, grad_norm, args, epoch)
+            problem = gae.bad_step(stats.loss.item(), grad_norm.item(), args.guard_max_abs, epoch)
             if problem:
                 return {}, problem
+            learner.optimizer.step()
             ratios.append(stats.ratio.detach())
         if args.target_kl is not None and stats.approx_kl > args.target_kl:
             break
@@ -832,23 +759,30 @@ def sampler_seed(args: Args, ckpt: dict | None) -> int:
     return args.seed + (int(ckpt["global_step"]) if ckpt else 0)
 
 
-def start_run(args: Args, ckpt: dict | None, device: torch.device) -> Run:
-    """A run's envs, learner (fresh or from its checkpoint), fast paths, run folder and TensorBoard writer."""
+def start_run(args: Args, ckpt: dict | None, device: torch.device, sampler: Sampler | None = None) -> Run:
+    """A run's envs, learner (fresh or from its checkpoint), fast paths, run folder and TensorBoard writer.
+    `sampler`: what steps the envs, this process's Sampler unless given (dppo_ray.py gives its rollout actors)."""
     run_dir = run_folder(args)
-    sampler = Sampler(args.env_id, args.num_envs, sampler_seed(args, ckpt), args, os.path.join(run_dir, "videos"))
-    learner = make_learner(args, Agent(*sampler.spaces), device)
+    if sampler is None:
+        sampler = Sampler(args.env_id, args.num_envs, sampler_seed(args, ckpt), args, os.path.join(run_dir, "videos"))
+    learner = make_learner(args, sampler.make_agent(), device)
     learner.agent.obs_layout = sampler.obs_layout
-    learner.agent.action_bounds = [sampler.action_space.low, sampler.action_space.high]
+    box = isinstance(sampler.action_space, gym.spaces.Box)  # else dppo_ray.py's Discrete actions
+    learner.agent.action_bounds = [sampler.action_space.low, sampler.action_space.high] if box else None
     state = RunState()
     if ckpt is not None:
         state = restore_training(ckpt, learner, args.resume)
-        sampler.rng_state = ckpt["sampler_rng"]
-    elif args.norm_obs and args.obs_warmup_steps:
-        learner.obs_rms.update_from_moments(*sampler.warm_up(args.obs_warmup_steps))
-    start_fast_paths(learner, args)
+        sampler.rng_state = ckpt.get("sampler_rng")
+    start_fast_paths(learner, args, numpy_acting=box)  # the numpy mirror computes a Gaussian
     writer = tensorboard_writer(args, run_dir, state.global_step if args.resume else None)
     monitor = Monitor(args, writer, state, sampler.spaces[1], learner.fast)
     return Run(args, run_dir, sampler, learner, state, monitor)
+
+
+def warm_up(run: Run) -> None:
+    """A new run's observation statistics: the moments of --obs-warmup-steps random-action steps per env."""
+    if run.args.norm_obs and run.args.obs_warmup_steps:
+        run.learner.obs_rms.update_from_moments(*run.sampler.warm_up(run.args.obs_warmup_steps))
 
 
 def save_checkpoint(run: Run) -> None:
@@ -890,7 +824,7 @@ def log_update(run: Run, batch: dict, stats: dict, problem: str | None, ent_coef
         stats["charts/learning_rate"] = run.learner.optimizer.param_groups[0]["lr"]
         stats["charts/ent_coef"] = ent_coef
         stats["charts/SPS"] = run.monitor.steps_per_second()
-        for tag, value in (stats | run.learner.fast.scalars()).items():
+        for tag, value in (stats | run.learner.fast.scalars() | run.sampler.scalars()).items():
             run.monitor.writer.add_scalar(tag, value, run.state.global_step)
         run.monitor.diagnose(stats)  # health warnings, progress bar
         if run.args.checkpoint_every and run.state.iteration % run.args.checkpoint_every == 0:
@@ -909,12 +843,13 @@ def training_loop(run: Run, loop: TrainingLoop) -> None:
         log_update(run, batch, stats, problem, ent_coef)
 
 
-def end_run(run: Run, status: str, keeps_state: bool) -> int:
-    """The last checkpoint (when the state is whole), the saved model, summary.json and the closing line; 1 when the
-    saved model's evaluation failed, else 0."""
+def end_run(run: Run, status: str, keeps_state: bool, extra: dict | None = None) -> int:
+    """The last checkpoint (when the state is whole), the saved model, summary.json (with `extra`'s fields) and the
+    closing line; 1 when the saved model's evaluation failed, else 0."""
     if keeps_state:
         save_checkpoint(run)
-    eval_failed = finish_run(run.monitor, status, run.learner, run.state, sys.modules[__name__])
+    script = sys.modules[type(unwrapped(run.learner.agent)).__module__]  # the file whose Agent acts in evaluation
+    eval_failed = finish_run(run.monitor, status, run.learner, run.state, script, extra)
     run.sampler.close()
     return eval_failed
 
@@ -928,6 +863,8 @@ def train(args: Args) -> int:
     run = start_run(args, ckpt, seed_everything(args))
     say_rounded_timesteps(args)
     with TrainingLoop(run.run_dir) as loop:
+        if ckpt is None:
+            warm_up(run)
         training_loop(run, loop)
     eval_failed = end_run(run, loop.status, loop.keeps_state)
     if loop.error:  # what stopped the run (StopRun), as its last line

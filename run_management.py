@@ -74,6 +74,11 @@ class BadBatchError(Exception):
     """Raised by the numerical guard when the run must stop."""
 
 
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM came while the run waited for its data (dppo_ray.py's actors): the iteration under way stops
+    there, before its update, so the state is whole."""
+
+
 class StopRun(Exception):
     """Something outside the learner (an env that keeps crashing or hanging, an actor that will not come back), or a
     hook the gradient cannot run, ends the run between two updates: the learner's state is whole, so it is saved, and
@@ -306,7 +311,8 @@ class TrainingLoop:
     A second SIGINT or SIGTERM quits at once (`hard`: the state may be
     mid-iteration, so the last checkpoint written at an iteration boundary is kept). The guard's BadBatchError ends
     the run with one line ("stopped_by_guard", exit status 1). A StopRun ends it as "failed" (exit status 1) with a
-    checkpoint; its message is kept in `error` for the script to print last."""
+    checkpoint; its message is kept in `error` for the script to print last. Interrupted (a signal that came while the
+    run waited for its data) ends the iteration under way before its update, as "interrupted" with a checkpoint."""
 
     def __init__(self, run_dir: str):
         self.run_dir = run_dir
@@ -346,6 +352,8 @@ class TrainingLoop:
             signal.signal(signal.SIGHUP, signal.SIG_IGN)
         if exc_type is None:
             self.status = "completed" if self.signum is None else "interrupted"
+        elif issubclass(exc_type, Interrupted):
+            self.status = "interrupted"
         elif issubclass(exc_type, KeyboardInterrupt):
             self.status = "interrupted"
             self.hard = True
@@ -356,7 +364,7 @@ class TrainingLoop:
         elif issubclass(exc_type, StopRun):
             self.status = "failed"
             self.error = str(exc)  # printed by the script as its very last line, once everything is shut down
-        return exc_type is None or issubclass(exc_type, (KeyboardInterrupt, BadBatchError, StopRun))
+        return exc_type is None or issubclass(exc_type, (Interrupted, KeyboardInterrupt, BadBatchError, StopRun))
 
     @property
     def keeps_state(self) -> bool:

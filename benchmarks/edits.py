@@ -246,9 +246,9 @@ SEAMS = {
     "gradient_rebound": [
         (
             "ppo_continuous.py",
-            "            problem = guarded_step(learner.optimizer, stats, grad_norm, args, epoch)\n",
+            "            learner.optimizer.step()\n",
             "            for p in learner.agent.parameters():\n                p.grad = p.grad * 0.5 + 0.001\n"
-            "            problem = guarded_step(learner.optimizer, stats, grad_norm, args, epoch)\n",
+            "            learner.optimizer.step()\n",
         )
     ],
     "data_rebound": [
@@ -401,13 +401,14 @@ SEED_EDITS = {
         ),
         (
             "ppo_continuous.py",
-            "    problem = too_few_samples(batch)\n",
+            '    problem = gae.too_few_samples(len(batch["advantages"]), batch["size"])\n',
             "    global UPDATES_DONE\n"
             "    UPDATES_DONE += 1\n"
             "    for group in learner.optimizer.param_groups:\n"
             '        group["lr"] = group["lr"] / UPDATES_DONE\n'
-            "    problem = too_few_samples(batch)\n",
+            '    problem = gae.too_few_samples(len(batch["advantages"]), batch["size"])\n',
         ),
+        ("ppo_continuous.py", "import importlib\n", "import functools\nimport importlib\n"),
         (
             "ppo_continuous.py",
             "def prepare_batch(",
@@ -471,6 +472,34 @@ SEED_EDITS = {
     ],
 }
 
+# Edits of the training loop's steps, made together in one copy (tests/test_edits.py): a scalar logged in log_update,
+# a batch changed in rollout_batch (zero advantages: the policy loss is 0 in every update) and a field added to the
+# checkpoint in save_checkpoint. dppo_ray.py's learner runs these steps too, so each shows in its runs as in the
+# single run's.
+LOOP_EDITS = {
+    "loop_steps": [
+        (
+            "ppo_continuous.py",
+            "        run.monitor.diagnose(stats)  # health warnings, progress bar\n",
+            '        run.monitor.writer.add_scalar("charts/edited_scalar", 7.0, run.state.global_step)\n'
+            "        run.monitor.diagnose(stats)  # health warnings, progress bar\n",
+        ),
+        (
+            "ppo_continuous.py",
+            "    return prepare_batch(learner, rollout, run.args)\n",
+            "    batch = prepare_batch(learner, rollout, run.args)\n"
+            '    batch["advantages"] = torch.zeros_like(batch["advantages"])\n'
+            "    return batch\n",
+        ),
+        (
+            "ppo_continuous.py",
+            '    checkpoint["sampler_rng"] = run.sampler.rng_state\n',
+            '    checkpoint["sampler_rng"] = run.sampler.rng_state\n'
+            '    checkpoint["edited_field"] = run.state.iteration\n',
+        ),
+    ],
+}
+
 # Which way each part runs after each edit: (numpy acting, compiled gradient)
 EXPECTED = {
     "relu": (True, True),
@@ -516,7 +545,7 @@ def edited_copy(parent: Path, edit: str) -> Path:
     folder.mkdir()
     for name in MODULES:
         shutil.copy(REPO / name, folder / name)
-    for name, old, new in (EDITS | SEED_EDITS)[edit]:
+    for name, old, new in (EDITS | SEED_EDITS | LOOP_EDITS)[edit]:
         text = (folder / name).read_text()
         if text.count(old) != 1:
             raise ValueError(f"{edit}: the text to replace is not in {name} exactly once: {old!r}")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from tests.conftest import REPO, SAFETY_NET, run_python, start_python, tensorboard_events
 
@@ -202,3 +203,30 @@ def test_dppo_trains_the_edited_network_too(tmp_path, edit):
     fast_losses, plain_losses = losses(folder / "runs" / "fast"), losses(folder / "runs" / "plain")
     for tag in fast_losses:
         np.testing.assert_allclose(fast_losses[tag], plain_losses[tag], rtol=2e-3, atol=2e-5, err_msg=tag)
+
+
+@pytest.mark.slow
+def test_an_edit_of_the_loop_steps_reaches_dppo_sync_and_async(tmp_path):
+    """benchmarks/edits.py's LOOP_EDITS (a scalar in log_update, zero advantages in rollout_batch, a checkpoint field
+    in save_checkpoint), made in ppo_continuous.py only: dppo_ray.py's learner runs those steps, so every edit shows in
+    its sync and async runs as in the single run's."""
+    folder = edited_copy(tmp_path, "loop_steps")
+    common = ["--env-id", "Pendulum-v1", "--num-minibatches", "4", "--update-epochs", "2", "--quiet"]
+    dppo = ["--no-ray", "--num-actors", "2", "--num-steps", "128", "--total-timesteps", "768"]
+    commands = {
+        "single": ("ppo_continuous.py", ["--num-steps", "256", "--total-timesteps", "768"]),
+        "sync": ("dppo_ray.py", dppo),
+        "async": ("dppo_ray.py", [*dppo, "--mode", "async"]),
+    }
+    processes = {
+        name: start_python(script, [*common, *flags, "--run-name", name], folder, repo_on_path=False)
+        for name, (script, flags) in commands.items()
+    }
+    for name, process in processes.items():
+        _, stderr = process.communicate(timeout=SAFETY_NET)
+        assert process.returncode == 0, f"{name}: {stderr[-3000:]}"
+        events = tensorboard_events(folder / "runs" / name)
+        assert [e.value for e in events.Scalars("charts/edited_scalar")] == [7.0] * 3, name
+        assert [e.value for e in events.Scalars("losses/policy_loss")] == [0.0] * 3, name
+        ckpt = torch.load(folder / "runs" / name / "checkpoint.pt", weights_only=False)
+        assert ckpt["iteration"] == 3 and ckpt["edited_field"] == 3, name

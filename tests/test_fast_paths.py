@@ -343,12 +343,14 @@ def test_random_ops_in_the_compiled_gradient_draw_what_the_eager_gradient_draws(
 def test_a_hook_registered_during_the_run_moves_the_next_update_to_the_eager_gradient(capsys):
     agent = perturbed_agent(5, 2)
     learner, args = learner_with(agent, compile=False)
-    learner.fast.compiled = ppo_continuous.eager_gradient  # stands in for the compiled one: only the choice is tested
-    assert ppo_continuous.update_gradient(learner, 1) is ppo_continuous.eager_gradient
+    stand_in = learner.fast.compiled = object()  # stands in for the compiled step: only the choice is tested
+    assert fast_paths.update_gradient(learner, ppo_continuous.clipped_gradient, 1) is stand_in
     assert learner.fast.switches == []
     agent.actor_logstd.register_hook(lambda g: g * 0.0)
     capsys.readouterr()
-    assert ppo_continuous.update_gradient(learner, 2) is ppo_continuous.eager_gradient and learner.fast.compiled is None
+    eager = fast_paths.update_gradient(learner, ppo_continuous.clipped_gradient, 2)
+    assert eager.func is fast_paths.set_grads and eager.args == (ppo_continuous.clipped_gradient,)
+    assert learner.fast.compiled is None
     lines = printed(capsys)
     assert learner.fast.switches[0]["iteration"] == 2 and lines[0].startswith("compiled gradient off at iteration 2: a")
     assert "a gradient hook on actor_logstd" in lines[0]

@@ -18,6 +18,7 @@ from gae import (
     DiscountedReturn,
     RunningMeanStd,
     advantage_outliers,
+    bad_step,
     compute_gae,
     explained_variance,
     finished_episodes,
@@ -27,6 +28,7 @@ from gae import (
     normalize_obs,
     ppo_loss,
     scale_rewards,
+    too_few_samples,
 )
 from run_management import health_warnings  # the advice Monitor prints; tested here with the math it reads
 
@@ -878,6 +880,20 @@ def test_advantage_outliers_robust_scale_and_absolute_bound():
 def test_advantage_outliers_non_finite_advantage_of_a_valid_sample():
     bad = advantage_outliers(np.array([1.0, np.inf, 2.0]), np.zeros(3), np.ones(3, bool), max_abs=1e6)
     np.testing.assert_array_equal(bad, [False, True, False])
+
+
+def test_a_batch_is_skipped_only_when_under_half_of_it_is_usable():
+    assert too_few_samples(128, 256) is None and too_few_samples(256, 256) is None
+    assert too_few_samples(127, 256) == "only 127 of 256 samples are usable (NaN/inf data or outlier advantages)"
+    assert too_few_samples(0, 1) == "only 0 of 1 samples are usable (NaN/inf data or outlier advantages)"
+
+
+def test_a_step_is_refused_for_a_non_finite_or_too_large_loss_or_a_non_finite_gradient():
+    assert bad_step(0.5, 3.0, max_abs=1e6, epoch=0) is None
+    assert bad_step(-1e6, 3.0, max_abs=1e6, epoch=0) is None  # at the bound is kept
+    assert bad_step(float("nan"), 3.0, max_abs=1e6, epoch=2) == "loss nan in epoch 3"
+    assert bad_step(-2e6, float("nan"), max_abs=1e6, epoch=0) == "loss -2e+06 in epoch 1"  # the loss is said first
+    assert bad_step(0.5, float("inf"), max_abs=1e6, epoch=9) == "non-finite gradient in epoch 10"
 
 
 # =====================================================================================================================
