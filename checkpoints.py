@@ -30,6 +30,12 @@ class UsageError(Exception):
     """Bad input: reported as one line on stderr with exit status 2."""
 
 
+class StopRun(Exception):
+    """Something outside the learner (an env that keeps crashing or hanging, an actor that will not come back), or a
+    hook the gradient cannot run, ends the run between two updates: the learner's state is whole, so it is saved, and
+    the message is the run's last line (run_management.TrainingLoop)."""
+
+
 # The running script's name, for its one-line messages (ppo_continuous.py when not run as a script)
 PROG = os.path.basename(sys.argv[0]) if sys.argv[0].endswith(".py") else "ppo_continuous.py"
 

@@ -31,9 +31,8 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from checkpoints import PROG, agent_attributes, unwrapped
+from checkpoints import PROG, StopRun, agent_attributes, unwrapped
 from gae import LOG_SQRT_2PI, PPOLoss
-from run_management import StopRun
 
 # A mirror matches when each value it computes differs from the plain path's by at most this fraction of that value's
 # largest magnitude (see relative_differences). Both compute in float32, whose rounding (about 1e-7 relative)

@@ -202,9 +202,6 @@ class RunningMeanStd:
         self.var = m2 / total
         self.count = total
 
-    def normalize(self, x: np.ndarray, clip: float, epsilon: float = 1e-8) -> np.ndarray:
-        return np.clip((x - self.mean) / running_std(self.var, epsilon), -clip, clip)
-
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Tensors only, so that checkpoints load with torch.load(weights_only=True)."""
         return {

@@ -8,12 +8,11 @@ statistics are saved with the policy and frozen at evaluation, a numerical guard
 checkpointed, interrupted (Ctrl-C or SIGTERM) and resumed.
 
 The file reads top to bottom as the algorithm: flags, env, agent, acting, the rollout, advantages with the guard, the
-update, the training loop. It holds the single run only. The math lives in gae.py; every gradient is autograd's
-through Agent and gae.ppo_loss, by one function (clipped_gradient, compiled where it compiles), and every step is the
-optimizer's that make_learner built. fast_paths.py holds the numpy mirror of acting (audited on every rollout) and when
-the compiled gradient steps aside; checkpoints.py and run_management.py what makes a run safe to interrupt, resume and
-compare. --num-seeds launches this file once per seed (many_seeds.py, before torch is imported); dppo_ray.py runs its
-parts many ways.
+update, the training loop. The math lives in gae.py; every gradient is autograd's through Agent and gae.ppo_loss, by
+one function (clipped_gradient, compiled where it compiles), and every step is the optimizer's that make_learner built.
+fast_paths.py holds the numpy mirror of acting (audited on every rollout) and when the compiled gradient steps aside;
+checkpoints.py and run_management.py what makes a run safe to interrupt, resume and compare. --num-seeds launches this
+file once per seed (many_seeds.py, before torch is imported); dppo_ray.py runs its steps with Ray actors as the Sampler.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ from checkpoints import (
     DistributionGap,
     Policy,
     RunState,
+    StopRun,
     UsageError,
     evaluate,
     first_line,
@@ -77,12 +78,6 @@ class BadBatchError(Exception):
 class Interrupted(Exception):
     """Ctrl-C or SIGTERM came while the run waited for its data (dppo_ray.py's actors): the iteration under way stops
     there, before its update, so the state is whole."""
-
-
-class StopRun(Exception):
-    """Something outside the learner (an env that keeps crashing or hanging, an actor that will not come back), or a
-    hook the gradient cannot run, ends the run between two updates: the learner's state is whole, so it is saved, and
-    the message is the run's last line."""
 
 
 def mujoco_warning(message: str) -> None:

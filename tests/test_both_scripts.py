@@ -21,6 +21,7 @@ sys.path.insert(0, str(REPO))
 
 import checkpoints  # noqa: E402
 import dppo_ray  # noqa: E402
+import gae  # noqa: E402
 import ppo_continuous  # noqa: E402
 from tests.envs import cycle_values  # noqa: E402
 
@@ -118,7 +119,7 @@ def test_truncation_bootstraps_with_normalized_observations(tmp_path, script):
     assert result.returncode == 0, result.stderr
     policy_ckpt = torch.load(tmp_path / "runs" / "c" / "checkpoint.pt", weights_only=True)
     agent, obs_rms = checkpoints.agent_from_checkpoint(policy_ckpt, "c", ppo_continuous)
-    obs = obs_rms.normalize(np.arange(10.0)[:, None], 10.0).astype(np.float32)
+    obs = gae.normalize_obs(np.arange(10.0)[:, None], obs_rms.mean, gae.running_std(obs_rms.var), 10.0)
     with torch.no_grad():
         values = agent.get_value(torch.from_numpy(obs)).numpy()
     np.testing.assert_allclose(values, cycle_values(0.5), atol=0.6)

@@ -686,19 +686,6 @@ def test_rms_ignores_non_finite_rows():
     assert a.count == b.count
 
 
-def test_rms_normalize_and_clip():
-    rms = RunningMeanStd(shape=(3,))
-    rms.mean = np.array([1.0, 0.0, -2.0])
-    rms.var = np.array([4.0, 1.0, 0.25])
-    x = np.array([[5.0, 100.0, -2.5], [1.0, -100.0, 0.0]])
-    out = rms.normalize(x, clip=5.0)
-    # (5-1)/2 = 2, 100 -> clipped 5, (-2.5+2)/0.5 = -1; 0, -100 -> -5, (0+2)/0.5 = 4   (sqrt(var + 1e-8))
-    expected = np.array([[2.0, 5.0, -1.0], [0.0, -5.0, 4.0]])
-    np.testing.assert_allclose(out, expected, atol=1e-6)
-    assert out.max() == 5.0 and out.min() == -5.0
-    assert rms.normalize(x, clip=1.5).max() == 1.5
-
-
 def test_rms_state_dict_round_trip_through_weights_only_load():
     rng = np.random.default_rng(3)
     rms = RunningMeanStd(shape=(4,))
