@@ -677,6 +677,9 @@ def cli(args_type: type, validate, train, script, machine_flags: set[str] = MACH
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop, which takes its own signals: while the run starts
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
     except (DistributionGap, NotImplementedError) as e:
         gap = distribution_gap(e) if isinstance(e, NotImplementedError) else e
         if gap is None:

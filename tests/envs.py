@@ -112,6 +112,30 @@ class PauseOnceEnv(CountingEnv):
 register(id="PauseOnce-v0", entry_point=PauseOnceEnv, max_episode_steps=5, kwargs={"length": 1000})
 
 
+class PauseOnResetEnv(CountingEnv):
+    """A simulator slow to start: with $TESTS_PAUSE_UNTIL set, its first reset touches the file named by
+    $TESTS_PAUSED_AT and then waits for the file named by $TESTS_PAUSE_UNTIL (30 minutes at most). A test can then
+    signal a run that it knows is starting up."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.paused = False
+
+    def reset(self, *, seed=None, options=None):
+        until = os.environ.get("TESTS_PAUSE_UNTIL")
+        if until and not self.paused:
+            self.paused = True
+            with open(os.environ["TESTS_PAUSED_AT"], "w"):
+                pass
+            deadline = time.monotonic() + 1800  # a safety net: the test makes the file
+            while not os.path.exists(until) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return super().reset(seed=seed, options=options)
+
+
+register(id="PauseOnReset-v0", entry_point=PauseOnResetEnv, max_episode_steps=5, kwargs={"length": 1000})
+
+
 class BrokenResetEnv(CountingEnv):
     """A simulator that breaks for good after a while: from its process's `after`-th reset on (or
     $DPPO_RESETS_BEFORE_FAILURE's), every reset raises (`how="raise"`) or takes the process down without cleanup

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ from tests.conftest import (
     run_ppo,
     run_python,
     scalars,
+    start_python,
     tensorboard_events,
     wait_until_trained,
 )
@@ -341,3 +343,24 @@ def test_a_post_accumulate_grad_hook_in_an_edited_agent_stops_the_run_with_its_c
         summary = json.loads((folder / "summary.json").read_text())
         assert summary["status"] == "failed" and summary["env_steps"] == 2048, summary  # one rollout, not trained
         assert (folder / "checkpoint.pt").is_file()
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_run_starts_is_one_line_and_exit_status_130(tmp_path):
+    """Before the training loop takes over the signals (envs made, the compile's start-up), Ctrl-C is one line, never a
+    traceback: here while the first env's reset waits for the test."""
+    paused, go = tmp_path / "paused", tmp_path / "go"
+    env = {"TESTS_PAUSE_UNTIL": str(go), "TESTS_PAUSED_AT": str(paused)}
+    args = ["--env-id", "tests.envs:PauseOnReset-v0", "--total-timesteps", "2048", "--quiet"]
+    proc = start_python(REPO / "ppo_continuous.py", args, tmp_path, env)
+    try:
+        deadline = time.monotonic() + SAFETY_NET
+        while not paused.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the reset says that it waits
+        assert paused.exists(), "the run ended or hung before its first reset"
+        proc.send_signal(signal.SIGINT)
+    finally:
+        go.touch()
+    _, stderr = proc.communicate(timeout=SAFETY_NET)
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines() == ["ppo_continuous.py: interrupted"], stderr
