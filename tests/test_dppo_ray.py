@@ -118,7 +118,7 @@ def test_async_bounds_policy_lag_and_counts_drops(tmp_path):
     dropped; only fresh rollouts are trained on. The module:id env form must resolve inside the actors."""
     args = ["--env-id", "tests.envs:Truncating-v0", "--mode", "async", "--max-policy-lag", "0", "--num-steps", "64"]
     args += ["--num-minibatches", "2", "--update-epochs", "2", "--total-timesteps", "2560", "--run-name", "a"]
-    result = run([*args, "--quiet"], tmp_path)
+    result = run([*args, "--quiet", "--no-compile"], tmp_path)
     assert result.returncode == 0, result.stderr
     s = summary(tmp_path, "a")
     assert s["dropped_rollouts"] > 0 and s["learner_updates"] == 20
@@ -153,7 +153,7 @@ def test_async_never_stalls_in_process(tmp_path, sync_every, max_policy_lag):
     rollout in flight (with --sync-every 4 and the default lag of 2 the run used to stop after 3 updates)."""
     args = ["--env-id", "tests.envs:Truncating-v0", "--mode", "async", "--no-ray", "--num-steps", "32"]
     args += ["--sync-every", str(sync_every), "--max-policy-lag", str(max_policy_lag), "--num-minibatches", "2"]
-    args += ["--update-epochs", "1", "--total-timesteps", "1280", "--run-name", "g", "--quiet"]
+    args += ["--update-epochs", "1", "--total-timesteps", "1280", "--run-name", "g", "--quiet", "--no-compile"]
     result = run(args, tmp_path, timeout=SAFETY_NET)
     assert result.returncode == 0, result.stderr
     s = summary(tmp_path, "g")
@@ -166,7 +166,7 @@ def test_async_never_stalls_in_process(tmp_path, sync_every, max_policy_lag):
 def test_async_never_stalls_on_ray(tmp_path, sync_every, max_policy_lag):
     args = ["--env-id", "tests.envs:Truncating-v0", "--mode", "async", "--num-steps", "64", "--num-minibatches", "2"]
     args += ["--sync-every", str(sync_every), "--max-policy-lag", str(max_policy_lag), "--update-epochs", "2"]
-    args += ["--total-timesteps", "3840", "--run-name", "r", "--quiet"]
+    args += ["--total-timesteps", "3840", "--run-name", "r", "--quiet", "--no-compile"]
     result = run(args, tmp_path, timeout=SAFETY_NET)
     assert result.returncode == 0, result.stderr
     s = summary(tmp_path, "r")
@@ -180,6 +180,7 @@ def test_nan_observations_are_dropped_not_merged(tmp_path):
     or the statistics (broadcast to every actor) would spoil every later batch."""
     args = ["--env-id", "tests.envs:NanObsSometimes-v0", "--num-steps", "128", "--num-minibatches", "2"]
     args += ["--update-epochs", "2", "--total-timesteps", "5120", "--run-name", "n", "--quiet", "--mode", "async"]
+    args += ["--no-compile"]
     result = run(args, tmp_path)
     assert result.returncode == 0, result.stderr
     s = summary(tmp_path, "n")
@@ -192,7 +193,7 @@ def test_nan_observations_are_dropped_not_merged(tmp_path):
 
 @pytest.mark.slow
 def test_always_nan_env_stops_with_one_line_and_no_ray_left(tmp_path, own):
-    args = ["--env-id", "tests.envs:AlwaysNan-v0", "--num-steps", "64", "--num-minibatches", "2"]
+    args = ["--env-id", "tests.envs:AlwaysNan-v0", "--num-steps", "64", "--num-minibatches", "2", "--no-compile"]
     result = run([*args, "--total-timesteps", "2560", "--run-name", "x", "--quiet"], tmp_path, own=own)
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
@@ -205,7 +206,7 @@ def test_always_nan_env_stops_with_one_line_and_no_ray_left(tmp_path, own):
 def test_killed_actor_is_restarted_and_the_run_completes(tmp_path):
     marker = tmp_path / "crashed"
     args = ["--env-id", "tests.envs:CrashOnce-v0", "--num-steps", "128", "--num-minibatches", "2"]
-    args += ["--update-epochs", "2", "--total-timesteps", "2560", "--run-name", "k", "--quiet"]
+    args += ["--update-epochs", "2", "--total-timesteps", "2560", "--run-name", "k", "--quiet", "--no-compile"]
     result = run(args, tmp_path, env={"DPPO_CRASH_MARKER": str(marker)})
     assert result.returncode == 0, result.stderr
     assert marker.exists(), "the test env should have killed an actor"
@@ -422,7 +423,8 @@ def test_actors_share_the_cpus_when_one_each_does_not_fit(tmp_path):
         "--num-minibatches",
         "2",
     ]
-    result = run([*args, "--update-epochs", "1", "--total-timesteps", str(32 * int(actors) * 2), "--quiet"], tmp_path)
+    args += ["--update-epochs", "1", "--total-timesteps", str(32 * int(actors) * 2), "--quiet", "--no-compile"]
+    result = run(args, tmp_path)
     assert result.returncode == 0, result.stderr
     assert f"{actors} actors share" in result.stdout and "--actor-cpus" in result.stdout
     assert (

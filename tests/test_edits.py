@@ -14,9 +14,14 @@ float rounding over these few iterations, so the two runs see the same data.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import multiprocessing
+import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +31,7 @@ import torch
 from tests.conftest import REPO, SAFETY_NET, run_python, start_python, tensorboard_events
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-from edits import AUDITED, EDITS, EXPECTED, edited_copy  # noqa: E402
+from edits import AUDITED, EDITS, EXPECTED, MODULES, edited_copy  # noqa: E402
 
 RUN = ["--env-id", "Pendulum-v1", "--total-timesteps", "768", "--num-steps", "256", "--num-minibatches", "4"]
 RUN += ["--update-epochs", "2", "--save-model", "--eval-episodes", "1", "--quiet", "--checkpoint-every", "0"]
@@ -91,6 +96,48 @@ predicted = policy.predict(obs).tolist()
 again = policy.predict(obs).tolist()
 print(json.dumps(dict(predicted=predicted, again=again, expected=expected.tolist(), stock_tanh=stock_tanh)))
 """
+# ACTS_AS_EDITED runs in a process of its own in the copy's folder, as `python -c ACTS_AS_EDITED` would there, but
+# forked from a server that has imported these packages already (multiprocessing's forkserver, one per test worker,
+# which imports none of the repository's modules): each check imports the copy's modules, not torch again.
+PRELOADED = ["numpy", "torch", "gymnasium", "tyro"]
+
+
+def acts_as_edited_in(folder: str, argv: list[str], result) -> None:
+    """(In a child of the fork server.) ACTS_AS_EDITED with `argv`, in `folder` and with `folder` first on the import
+    path, so that it imports the copy's modules; sends (exit status, stdout, stderr) through `result`."""
+    for name in MODULES:  # none is imported here; were one, the check would import it afresh from the copy
+        sys.modules.pop(name.removesuffix(".py"), None)
+    os.chdir(folder)
+    sys.path.insert(0, folder)
+    sys.argv = ["-c", *argv]
+    out, err = io.StringIO(), io.StringIO()
+    status = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            exec(compile(ACTS_AS_EDITED, "<string>", "exec"), {"__name__": "__main__"})
+    except BaseException:  # noqa: BLE001 (reported as python -c reports it: a traceback and exit status 1)
+        status = 1
+        err.write(traceback.format_exc())
+    result.send((status, out.getvalue(), err.getvalue()))
+
+
+def check_acts_as_edited(folder: Path, model: Path, edit: str) -> subprocess.CompletedProcess:
+    """ACTS_AS_EDITED run on `model` for `edit` in the copy's `folder` (acts_as_edited_in), to its end."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOADED)
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=acts_as_edited_in, args=(str(folder), [str(model), edit], send))
+    process.start()
+    send.close()
+    try:
+        status, stdout, stderr = receive.recv() if receive.poll(SAFETY_NET) else (None, "", "the check never answered")
+    except EOFError:  # it died before it could answer
+        status, stdout, stderr = process.exitcode, "", "the check ended without an answer"
+    finally:
+        process.join(SAFETY_NET)
+        if process.is_alive():
+            process.kill()
+    return subprocess.CompletedProcess(["ACTS_AS_EDITED", str(model), edit], status, stdout, stderr)
 
 
 def first_switch(summary: dict) -> int | None:
@@ -134,13 +181,7 @@ def test_an_edit_trains_as_written_on_both_paths(tmp_path, edit):
 
     # The saved model acts with the edited network
     model = folder / "runs" / "fast" / "ppo_continuous.model"
-    check = subprocess.run(
-        [sys.executable, "-c", ACTS_AS_EDITED, str(model), edit],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=SAFETY_NET,
-    )
+    check = check_acts_as_edited(folder, model, edit)
     assert check.returncode == 0, check.stderr[-3000:]
     acted = json.loads(check.stdout.strip().splitlines()[-1])
     np.testing.assert_allclose(acted["predicted"], acted["expected"], rtol=1e-4, atol=1e-5)
@@ -150,9 +191,10 @@ def test_an_edit_trains_as_written_on_both_paths(tmp_path, edit):
     assert "eval return" in fast.stdout  # --save-model evaluated it at the end of the run
 
 
-def run_once(folder: Path) -> subprocess.CompletedProcess:
+def run_once(folder: Path, *extra: str) -> subprocess.CompletedProcess:
     """The edited copy's ppo_continuous.py, once, as a user runs it (run folder runs/r)."""
-    return run_python("ppo_continuous.py", [*RUN, "--run-name", "r"], folder, timeout=SAFETY_NET, repo_on_path=False)
+    args = [*RUN, *extra, "--run-name", "r"]
+    return run_python("ppo_continuous.py", args, folder, timeout=SAFETY_NET, repo_on_path=False)
 
 
 @pytest.mark.slow
@@ -172,7 +214,7 @@ def test_a_saved_policy_without_a_mode_still_leaves_its_summary_and_closing_line
     """A mixture of Gaussians trains (Agent.evaluate returns an entropy estimate) but has no mode for --save-model's
     mean-action evaluation: one line says so, and summary.json, the model and the closing line are all there."""
     folder = edited_copy(tmp_path, "mixture_policy")
-    result = run_once(folder)
+    result = run_once(folder, "--no-compile")  # what it checks is the evaluation's, after the training
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "evaluating it failed" in errors[0] and "has no mode" in errors[0], errors
@@ -211,7 +253,7 @@ def test_an_edit_of_the_loop_steps_reaches_dppo_sync_and_async(tmp_path):
     in save_checkpoint), made in ppo_continuous.py only: dppo_ray.py's learner runs those steps, so every edit shows in
     its sync and async runs as in the single run's."""
     folder = edited_copy(tmp_path, "loop_steps")
-    common = ["--env-id", "Pendulum-v1", "--num-minibatches", "4", "--update-epochs", "2", "--quiet"]
+    common = ["--env-id", "Pendulum-v1", "--num-minibatches", "4", "--update-epochs", "2", "--quiet", "--no-compile"]
     dppo = ["--no-ray", "--num-actors", "2", "--num-steps", "128", "--total-timesteps", "768"]
     commands = {
         "single": ("ppo_continuous.py", ["--num-steps", "256", "--total-timesteps", "768"]),

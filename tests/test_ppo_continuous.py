@@ -77,22 +77,22 @@ def test_tensorboard_tags_and_summary(pendulum_run):
     assert (run_dir / "checkpoint.pt").is_file()
 
 
-def test_same_seed_same_run(tmp_path):
+def test_same_seed_same_run(pendulum_run, tmp_path):
+    """pendulum_run's run (seed 1, the default) run again in another folder, its seed given: the same run, scalar for
+    scalar and weight for weight; another seed changes it."""
     args = ["--env-id", "Pendulum-v1", "--total-timesteps", "1024", *SMALL]
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    assert run_ppo([*args, "--seed", "3", "--run-name", "s"], tmp_path / "a").returncode == 0
-    assert run_ppo([*args, "--seed", "3", "--run-name", "s"], tmp_path / "b").returncode == 0
-    runs = [tensorboard_events(tmp_path / d / "runs" / "s") for d in ("a", "b")]
+    assert run_ppo([*args, "--seed", "1", "--run-name", "s"], tmp_path).returncode == 0
+    run_dirs = [pendulum_run[1], tmp_path / "runs" / "s"]
+    runs = [tensorboard_events(run_dir) for run_dir in run_dirs]
     for tag in ["charts/episodic_return", "losses/value_loss", "losses/approx_kl"]:
         a, b = ([e.value for e in acc.Scalars(tag)] for acc in runs)
         assert a == b, tag
-    ckpts = [torch.load(tmp_path / d / "runs" / "s" / "checkpoint.pt", weights_only=True) for d in ("a", "b")]
+    ckpts = [torch.load(run_dir / "checkpoint.pt", weights_only=True) for run_dir in run_dirs]
     for key, value in ckpts[0]["agent"].items():
         assert torch.equal(value, ckpts[1]["agent"][key]), key
-    other = run_ppo([*args, "--seed", "4", "--run-name", "t"], tmp_path / "a")
+    other = run_ppo([*args, "--seed", "4", "--run-name", "t"], tmp_path)
     assert other.returncode == 0
-    c = [e.value for e in tensorboard_events(tmp_path / "a" / "runs" / "t").Scalars("losses/value_loss")]
+    c = [e.value for e in tensorboard_events(tmp_path / "runs" / "t").Scalars("losses/value_loss")]
     assert c != [e.value for e in runs[0].Scalars("losses/value_loss")], "a different seed must change the run"
 
 

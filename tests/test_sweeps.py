@@ -25,6 +25,11 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 SWEEP = ["--envs", "Pendulum-v1", "--impls", "ppo", "--seeds", "2", "--grid", "learning-rate=1e-4,3e-4"]
 SHORT = ["--total-timesteps", "2048", "--num-steps", "512", "--num-minibatches", "4"]
 LABELS = ["ppo__learning-rate=0.0001", "ppo__learning-rate=0.0003"]
+# The short sweeps' trainers run with --no-compile: what they check is the sweep's bookkeeping, not the gradient, and
+# the compile's start-up costs more than their few minibatches. learning.py passes a trainer's flags through --grid
+# only: an axis of one value, in every label. (The long runs, of thousands of minibatches, keep the compiled gradient.)
+EAGER = "compile=False"
+EAGER_LABELS = [f"{label}__{EAGER}" for label in LABELS]
 
 LEARNING = REPO / "benchmarks" / "learning.py"
 PLOTS = {"MPLBACKEND": "Agg"}  # no display
@@ -50,8 +55,8 @@ def trainers_running(marker: str, cluster) -> list[int]:
     return [pid for pid, command in cluster.own.alive().items() if "ppo_continuous.py" in command and marker in command]
 
 
-def run_folders(tmp_path: Path, runs: str = "runs") -> list[Path]:
-    return [tmp_path / runs / "bench" / label / f"Pendulum-v1__{seed}" for label in LABELS for seed in (1, 2)]
+def run_folders(tmp_path: Path, runs: str = "runs", labels: list[str] = LABELS) -> list[Path]:
+    return [tmp_path / runs / "bench" / label / f"Pendulum-v1__{seed}" for label in labels for seed in (1, 2)]
 
 
 def tagged_cluster(monkeypatch, head_cpus: int):
@@ -123,10 +128,10 @@ def test_sweep_lands_on_both_nodes_and_comes_back_to_the_head(tmp_path, cluster)
 
     worker = cluster.add_node(num_cpus=2)
     cluster.wait_for_nodes()
-    result = run_learning(tmp_path, cluster.address, *SWEEP, *SHORT)
+    result = run_learning(tmp_path, cluster.address, *SWEEP, EAGER, *SHORT)
     assert result.returncode == 0, result.stderr[-3000:]
     nodes = set()
-    for folder in run_folders(tmp_path):
+    for folder in run_folders(tmp_path, labels=EAGER_LABELS):
         summary = json.loads((folder / "summary.json").read_text())
         assert summary["status"] == "completed" and summary["env_steps"] == 2048
         acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
@@ -136,14 +141,14 @@ def test_sweep_lands_on_both_nodes_and_comes_back_to_the_head(tmp_path, cluster)
     assert nodes == {cluster.head_node.node_id, worker.node_id}, "the runs should be spread over both nodes"
     assert result.stderr.count("learning.py: done ppo__learning-rate=") == 4
     table = (tmp_path / "out" / "learning.md").read_text()
-    for label in LABELS:
+    for label in EAGER_LABELS:
         assert f"| Pendulum-v1 | {label} | 2 | 2,048 |" in table
-    assert "| Pendulum-v1 | ppo__learning-rate=0.0003 | " in table.split("Difference in final return")[1]
+    assert f"| Pendulum-v1 | {EAGER_LABELS[1]} | " in table.split("Difference in final return")[1]
 
-    again = run_learning(tmp_path, cluster.address, *SWEEP, *SHORT)
+    again = run_learning(tmp_path, cluster.address, *SWEEP, EAGER, *SHORT)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "to the cluster" not in again.stderr and "done ppo" not in again.stderr, "nothing is left to run"
-    assert all((folder / "summary.json").is_file() for folder in run_folders(tmp_path))
+    assert all((folder / "summary.json").is_file() for folder in run_folders(tmp_path, labels=EAGER_LABELS))
 
 
 @pytest.mark.slow
@@ -294,8 +299,12 @@ def test_final_table_gives_per_seed_finals_sample_std_and_flags_mixed_code_and_v
     assert "**Mixed code:** 1 runs without run.json" in unrecorded
 
 
+# The label of run_local_sweep's runs: ppo, with --no-compile (EAGER)
+LOCAL = f"ppo__{EAGER}"
+
+
 def run_local_sweep(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
-    args = ["--run", "--envs", "Pendulum-v1", "--impls", "ppo", "--seeds", "1"]
+    args = ["--run", "--envs", "Pendulum-v1", "--impls", "ppo", "--seeds", "1", "--grid", EAGER]
     args += ["--num-steps", "512", "--out-dir", str(tmp_path / "out"), *extra]
     return run_python(LEARNING, args, tmp_path, timeout=SAFETY_NET, env=PLOTS, repo_on_path=False)
 
@@ -306,7 +315,8 @@ def test_a_sweep_never_reuses_a_run_of_other_flags_or_code(tmp_path):
     refuses in one line naming the first difference, or reruns it with --rerun-changed."""
     first = run_local_sweep(tmp_path, "--total-timesteps", "1024", "--num-minibatches", "4")
     assert first.returncode == 0, first.stderr[-3000:]
-    folder = tmp_path / "runs" / "bench" / "ppo" / "Pendulum-v1__1"
+    run = "Pendulum-v1__1"
+    folder = tmp_path / "runs" / "bench" / LOCAL / run
     record = json.loads((folder / "run.json").read_text())
     assert "--total-timesteps=1024" in record["command"] and len(record["code"]["scripts_sha256"]) == 64
     table = (tmp_path / "out" / "learning.md").read_text()
@@ -321,7 +331,7 @@ def test_a_sweep_never_reuses_a_run_of_other_flags_or_code(tmp_path):
         refused = run_local_sweep(tmp_path, *flags)
         assert refused.returncode == 1 and "Traceback" not in refused.stderr
         line = refused.stderr.strip()
-        assert "\n" not in line and line.startswith("learning.py: error: runs/bench/ppo/Pendulum-v1__1 was run with")
+        assert "\n" not in line and line.startswith(f"learning.py: error: runs/bench/{LOCAL}/{run} was run with")
         assert f"{was}, this sweep asks {asks}" in line and "--rerun-changed" in line
     assert json.loads((folder / "summary.json").read_text())["env_steps"] == 1024, "a refusal touches nothing"
 
@@ -365,17 +375,17 @@ def test_a_sweep_refuses_other_versions_a_changed_env_module_a_run_extended_by_h
     flags = ["--envs", "myenvs:MyPendulum-v0", "--total-timesteps", "1024", "--num-minibatches", "4"]
     first = run_local_sweep(tmp_path, *flags)
     assert first.returncode == 0, first.stderr[-3000:]
-    folder = tmp_path / "runs" / "bench" / "ppo" / "myenvs:MyPendulum-v0__1"
+    folder = tmp_path / "runs" / "bench" / LOCAL / "myenvs:MyPendulum-v0__1"
     record = json.loads((folder / "run.json").read_text())
     assert record["code"]["modules"]["myenvs"]["path"] == str(env_module)
     assert record["environment"]["packages"]["numpy"] == np.__version__ and record["environment"]["python"]
     table = (tmp_path / "out" / "learning.md").read_text()
-    assert "| myenvs:MyPendulum-v0 | ppo | 1 |" in table and "Ran on Python" in table
+    assert f"| myenvs:MyPendulum-v0 | {LOCAL} | 1 |" in table and "Ran on Python" in table
 
     def refused(result: subprocess.CompletedProcess, words: str) -> None:
         assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
         line = result.stderr.strip()
-        assert "\n" not in line and line.startswith("learning.py: error: runs/bench/ppo/myenvs:MyPendulum-v0__1 ")
+        assert "\n" not in line and line.startswith(f"learning.py: error: runs/bench/{LOCAL}/myenvs:MyPendulum-v0__1 ")
         assert words in line, line
 
     env_module.write_text(source + "max_episode_steps=100)\n")  # another episode length: another task
@@ -386,18 +396,19 @@ def test_a_sweep_refuses_other_versions_a_changed_env_module_a_run_extended_by_h
         run_local_sweep(tmp_path, *flags, "--python", str(other)),
         f"was trained with numpy {np.__version__}, this sweep's Python has 0.0.1",
     )
-    report_args = ["--envs", "myenvs:MyPendulum-v0", "--impls", "ppo", "--seeds", "1", "--num-steps", "512"]
+    report_args = ["--envs", "myenvs:MyPendulum-v0", "--impls", "ppo", "--seeds", "1", "--grid", EAGER]
+    report_args += ["--num-steps", "512"]
     report_args += ["--num-minibatches", "4", "--out-dir", str(tmp_path / "report")]
     report = run_python(LEARNING, [*report_args, "--total-timesteps", "2048"], tmp_path, env=PLOTS, repo_on_path=False)
     refused(report, "was run with --total-timesteps=1024, this sweep asks --total-timesteps=2048")
     assert not (tmp_path / "report").exists(), "report-only mode wrote no table of runs it did not ask for"
     report = run_python(LEARNING, [*report_args, "--total-timesteps", "1024"], tmp_path, env=PLOTS, repo_on_path=False)
     assert report.returncode == 0, report.stderr[-3000:]
-    assert "| myenvs:MyPendulum-v0 | ppo | 1 |" in (tmp_path / "report" / "learning.md").read_text()
+    assert f"| myenvs:MyPendulum-v0 | {LOCAL} | 1 |" in (tmp_path / "report" / "learning.md").read_text()
 
     checkpoint = folder / "checkpoint.pt"
     extended = run_python(
-        REPO / "ppo_continuous.py", ["--resume", str(checkpoint), "--total-timesteps", "2048"], tmp_path
+        REPO / "ppo_continuous.py", ["--resume", str(checkpoint), "--total-timesteps", "2048", "--no-compile"], tmp_path
     )
     assert extended.returncode == 0, extended.stderr[-3000:]
     refused(run_local_sweep(tmp_path, *flags), "was resumed with --total-timesteps=2048 (by hand")
