@@ -6,8 +6,8 @@
 This file adds only what distribution needs to ppo_continuous.py. The learner is that file's run, step by step
 (start_run, rollout_batch, ppo_update, log_update, save_checkpoint, end_run), with the actors in the place of its
 Sampler (ActorSampler): a change to the algorithm there reaches both scripts, and the checkpoints of the two scripts
-fit each other. What only this script needs lives
-here: the rollout actors and their faults, staleness and its correction, Ray, and Discrete actions (CartPole, say).
+fit each other. What only this script needs lives here: the rollout actors and their faults, staleness and its
+correction, Ray, and Discrete actions (CartPole, say).
 
 Each `RolloutActor` is ppo_continuous.py's `Sampler` run as a Ray actor: it steps `--num-envs-per-actor` envs with a
 numpy copy of the policy and returns its rollout as one dict of numpy arrays, tagged with the version of the policy
@@ -210,7 +210,7 @@ class RolloutActor(ppo.Sampler):
         super().__init__(*sampler_args)
         ray_module = sys.modules.get("ray")
         in_ray = ray_module is not None and ray_module.is_initialized()
-        self.node_id = ray_module.get_runtime_context().get_node_id() if in_ray else "local"
+        self.node_id = ray_module.get_runtime_context().get_node_id() if in_ray else ""  # no node: --no-ray
         self.version = -1
 
     def check_spaces(self, env_id: str, env: gym.Env) -> tuple[int, int]:
@@ -478,6 +478,14 @@ def loss_settings(args: Args, ent_coef: float) -> dict:
     return ppo.loss_settings(args, ent_coef) | {"max_is_weight": args.max_is_weight}
 
 
+def merged_moments(moments: list[tuple[np.ndarray, np.ndarray, int]]) -> gae.RunningMeanStd:
+    """Several samplers' observation statistics (mean, var, count) as one."""
+    merged = gae.RunningMeanStd(shape=np.shape(moments[0][0]), epsilon=0.0)
+    for mean, var, count in moments:
+        merged.update_from_moments(mean, var, int(count))
+    return merged
+
+
 def stack_rollouts(rollouts: list[dict], dropped: list[dict]) -> dict:
     """Several samplers' rollouts as one, their envs side by side (the columns of the (T, N) arrays). The dropped
     rollouts add their steps, episodes, audits and statistics, not their samples."""
@@ -489,9 +497,7 @@ def stack_rollouts(rollouts: list[dict], dropped: list[dict]) -> dict:
     stacked["final_index"] = np.concatenate([r["final_index"] + [0, off] for r, off in zip(rollouts, offsets)])
     stacked |= {k: np.concatenate([r[k] for r in rollouts]) for k in ("final_obs", "next_obs")}
     every = rollouts + dropped
-    moments = gae.RunningMeanStd(shape=every[0]["obs_mean"].shape, epsilon=0.0)
-    for r in every:
-        moments.update_from_moments(r["obs_mean"], r["obs_var"], int(r["obs_count"]))
+    moments = merged_moments([(r["obs_mean"], r["obs_var"], r["obs_count"]) for r in every])
     return stacked | {
         "discounted_returns": np.concatenate([r["discounted_returns"] for r in every], axis=1),
         "obs_mean": moments.mean,
@@ -585,7 +591,7 @@ class ActorSampler:
         self.actor_speed = 0.0
         self.actor_nodes: set[str] = set()
         self.seconds = {"wait": 0.0, "update": 0.0, "broadcast": 0.0}  # where the learner's time goes
-        self.last = {"wait": 0.0, "update": 0.0, "broadcast": 0.0}
+        self.last = {"wait": 0.0, "broadcast": 0.0}
         self.update_start: float | None = None
 
     rng_state = None  # the actors' streams are seeded anew from the step a resumed run starts at
@@ -604,20 +610,19 @@ class ActorSampler:
 
     def warm_up(self, steps: int) -> tuple[np.ndarray, np.ndarray, float]:
         """The moments of every actor's random-action warm-up, merged."""
-        moments = gae.RunningMeanStd(shape=(self.spaces[0],), epsilon=0.0)
-        for mean, var, count in self.pool.ask_all("warm_up", steps):
-            moments.update_from_moments(mean, var, count)
+        moments = merged_moments(self.pool.ask_all("warm_up", steps))
         return moments.mean, moments.var, moments.count
 
     def set_policy(self, weights: dict[str, np.ndarray]) -> None:
         """Broadcast the weights when due (broadcast_due), when the actors have none yet, or when the acting audit
         moved acting to torch since the last broadcast."""
-        self.account("update")
+        self.end_update()
         version, fast = self.state.iteration, bool(weights["fast_acting"])
         if self.last_broadcast is None or self.last_broadcast[1] != fast:
             due = True
         else:
             due = broadcast_due(self.args, version, self.last_broadcast[0])
+        self.last["broadcast"] = 0.0  # this iteration's, none when not due
         if not due:
             return
         self.last["broadcast"] = self.pool.broadcast(weights, version)
@@ -638,14 +643,13 @@ class ActorSampler:
         self.update_start = time.perf_counter()
         self.lags = [self.state.iteration - int(r["policy_version"]) for r in rollouts]
         self.actor_speed = float(np.mean([r["rewards"].size / float(r["sample_seconds"]) for r in rollouts]))
-        self.actor_nodes.update(str(r["node_id"]) for r in rollouts)
+        self.actor_nodes.update(str(r["node_id"]) for r in rollouts if str(r["node_id"]))
         return stack_rollouts(rollouts, dropped)
 
-    def account(self, part: str) -> None:
-        """Add the time since the last rollout came to `part` of the learner's time."""
+    def end_update(self) -> None:
+        """Count the time since the last rollout came as the learner's update time."""
         if self.update_start is not None:
-            self.last[part] = time.perf_counter() - self.update_start
-            self.seconds[part] += self.last[part]
+            self.seconds["update"] += time.perf_counter() - self.update_start
             self.update_start = None
 
     def scalars(self) -> dict[str, float]:
@@ -666,7 +670,7 @@ class ActorSampler:
 
     def summary(self) -> dict:
         """summary.json's fields of the distribution."""
-        self.account("update")
+        self.end_update()
         return {
             "learner_updates": self.state.iteration,
             "rollout_timeout_seconds": rollout_timeout(self.args),
