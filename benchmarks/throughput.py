@@ -356,8 +356,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--name",
         default="throughput",
-        help="file name of the table and plot, without extension (default: throughput; the README's DPPO table is "
-        "throughput_dppo)",
+        help="file name of the table and plot, without extension (default: throughput; benchmarks/results' DPPO "
+        "table is throughput_dppo)",
     )
     p.add_argument(
         "--quick",
