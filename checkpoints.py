@@ -15,6 +15,7 @@ import os
 import sys
 import typing
 import warnings
+from collections import deque
 from dataclasses import dataclass, field
 
 import gymnasium as gym
@@ -55,15 +56,20 @@ class DistributionGap(Exception):
     status 1."""
 
 
+RECENT_EPISODES = 100  # the episodes of summary.json's mean_return_last_episodes and the closing line
+
+
 @dataclass
 class RunState:
     """How far a run got: what a checkpoint restores besides the learner, and what summary.json reports. `counters`
-    holds the run's event counts (the guard's, the health warnings', the samplers' lost and dropped rollouts)."""
+    holds the run's event counts (the guard's, the health warnings', the samplers' lost and dropped rollouts);
+    `recent_returns` the last 100 episodes' returns, over every session of a resumed run."""
 
     global_step: int = 0
     iteration: int = 0
     wall_time_before: float = 0.0  # seconds of training in earlier sessions of a resumed run
     counters: dict[str, int] = field(default_factory=dict)
+    recent_returns: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_EPISODES))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -119,6 +125,7 @@ def training_checkpoint(learner, args, state: RunState, wall_time: float) -> dic
     checkpoint["run_name"] = args.run_name
     checkpoint["wall_time"] = wall_time
     checkpoint["counters"] = dict(state.counters)
+    checkpoint["recent_returns"] = list(state.recent_returns)
     checkpoint["torch_rng"] = torch.get_rng_state()
     return checkpoint
 
@@ -138,6 +145,7 @@ def restore_training(ckpt: dict, learner, path: str) -> RunState:
             iteration=int(ckpt["iteration"]),
             wall_time_before=float(ckpt["wall_time"]),
             counters=dict(ckpt["counters"]),
+            recent_returns=deque(map(float, ckpt.get("recent_returns", [])), maxlen=RECENT_EPISODES),
         )
     except (RuntimeError, ValueError, KeyError, TypeError) as e:
         raise UsageError(f"checkpoint {path} does not fit this env/network: {first_line(e)[:160]}") from None

@@ -810,7 +810,7 @@ def rollout_batch(run: Run, rollout: dict) -> dict:
     for episodic_return, episodic_length in zip(rollout["episode_returns"], rollout["episode_lengths"]):
         writer.add_scalar("charts/episodic_return", episodic_return, state.global_step)
         writer.add_scalar("charts/episodic_length", episodic_length, state.global_step)
-        run.monitor.recent_returns.append(float(episodic_return))
+        state.recent_returns.append(float(episodic_return))
     update_statistics(rollout, learner, run.args)
     return prepare_batch(learner, rollout, run.args)
 

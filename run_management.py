@@ -25,7 +25,6 @@ import sys
 import sysconfig
 import time
 import traceback
-from collections import deque
 
 import gymnasium as gym
 import numpy as np
@@ -432,7 +431,6 @@ class Monitor:
         self.switches_written = 0
         for key in ("bad_batches", "dropped_samples", "discarded_rollouts"):
             state.counters.setdefault(key, 0)
-        self.recent_returns: deque[float] = deque(maxlen=100)
         self.history: dict[str, list[float]] = {"entropy": [], "approx_kl": [], "explained_variance": []}
         self.last_warned: dict[str, int] = {}
         self.bad_in_a_row = 0
@@ -492,8 +490,8 @@ class Monitor:
         if len(self.fast.switches) > self.switches_written:  # a part stepped aside: the table says since when
             self.switches_written = len(self.fast.switches)
             self.writer.add_text("fast_paths", self.fast.table(), global_step)
-        if self.recent_returns:
-            self.writer.add_histogram("charts/episodic_return_hist", np.array(self.recent_returns), global_step)
+        if self.state.recent_returns:
+            self.writer.add_histogram("charts/episodic_return_hist", np.array(self.state.recent_returns), global_step)
         for key in self.history:
             self.history[key].append(stats[f"losses/{key}"])
         warmed_up = iteration > max(5, self.args.num_iterations // 10)
@@ -502,7 +500,7 @@ class Monitor:
             self.writer.add_scalar(f"health/{name}", counters[name], global_step)
             self.warn(name, message, iteration)
         self.progress.update(global_step - self.progress.n)
-        recent = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "n/a"
+        recent = f"{self.mean_return():.1f}" if self.state.recent_returns else "n/a"
         self.progress.set_postfix_str(f"return={recent}", refresh=False)
         if self.launcher is not None:
             with contextlib.suppress(OSError):  # a launcher that has gone does not stop the run
@@ -513,7 +511,7 @@ class Monitor:
         return self.state.wall_time_before + time.time() - self.start_time
 
     def mean_return(self) -> float | None:
-        return float(np.mean(self.recent_returns)) if self.recent_returns else None
+        return float(np.mean(self.state.recent_returns)) if self.state.recent_returns else None
 
 
 def say_rounded_timesteps(args) -> None:
@@ -619,7 +617,7 @@ def write_summary(monitor: Monitor, status: str, learner, state: RunState, extra
         "final_explained_variance": last_stats.get("explained_variance"),
         "final_approx_kl": last_stats.get("approx_kl"),
         "mean_return_last_episodes": monitor.mean_return(),
-        "num_last_episodes": len(monitor.recent_returns),
+        "num_last_episodes": len(state.recent_returns),
         **state.counters,
         "fast_paths": learner.fast.used,
         "fast_path_switches": learner.fast.switches,
@@ -636,8 +634,8 @@ def closing_line(monitor: Monitor, status: str, state: RunState) -> str:
     """One line on stdout (--quiet included): where the run went, how it ended and what to run next."""
     run_dir = monitor.run_dir
     line = f"{PROG}: {status} at step {state.global_step}; run folder {run_dir}"
-    if monitor.recent_returns:
-        line += f"; mean return of the last {len(monitor.recent_returns)} episodes {monitor.mean_return():.2f}"
+    if state.recent_returns:
+        line += f"; mean return of the last {len(state.recent_returns)} episodes {monitor.mean_return():.2f}"
     line += "; curves: tensorboard --logdir runs"
     if status in ("interrupted", "failed"):
         line += f"; continue with: python {PROG} --resume {os.path.join(run_dir, 'checkpoint.pt')}"

@@ -192,6 +192,10 @@ def test_resume_takes_the_runs_flags_from_the_checkpoint(tmp_path, script):
     summary = json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())
     assert summary["env_steps"] == 1024 and summary["hyperparameters"]["num_steps"] == 128
     assert summary["hyperparameters"]["num_minibatches"] == 4
+    # The last episodes' mean spans both sessions: 2 envs, 200-step episodes, 256 steps each per session.
+    returns = [value for _, value in scalars(tmp_path / "runs" / "r", "charts/episodic_return")]
+    assert summary["num_last_episodes"] == len(returns) == 4
+    assert summary["mean_return_last_episodes"] == pytest.approx(np.mean(returns), rel=1e-5)
     # The other script's checkpoint is refused in one line that names the script to use.
     other = "dppo_ray.py" if script == "ppo_continuous.py" else "ppo_continuous.py"
     wrong = run(other, ["--resume", ckpt, "--total-timesteps", "2048"], tmp_path)
