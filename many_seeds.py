@@ -265,6 +265,7 @@ def prepare_child(prctl) -> None:
     (SIGHUP, which a run takes once however often it comes: Linux sends the signal each time it hands the orphan from
     one of the dying parent's threads to the next, and a second SIGTERM would make it quit without a checkpoint.)"""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a nohup'd launcher's seeds still hear that it died
     signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
     if prctl is not None:
         prctl(1, signal.SIGHUP)  # 1 = PR_SET_PDEATHSIG

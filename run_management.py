@@ -301,7 +301,8 @@ class TrainingLoop:
     Ctrl-C (SIGINT) or a cluster's preemption (SIGTERM) sets `signum`: the loop finishes its iteration and stops, a
     checkpoint is saved, the exit status is 130 or 143. SIGHUP (a terminal closed, or a launcher that died: Linux may
     say that more than once, as it hands the run from one of the launcher's dying threads to the next) does the same,
-    once, with exit status 129, and is ignored from then on, and after the loop, while the run writes its last files.
+    once, with exit status 129, and is ignored from then on, and after the loop, while the run writes its last files;
+    a run started with SIGHUP ignored (nohup) keeps it ignored.
     A second SIGINT or SIGTERM quits at once (`hard`: the state may be
     mid-iteration, so the last checkpoint written at an iteration boundary is kept). The guard's BadBatchError ends
     the run with one line ("stopped_by_guard", exit status 1). A StopRun ends it as "failed" (exit status 1) with a
@@ -317,7 +318,8 @@ class TrainingLoop:
 
     def __enter__(self):
         for signum in STOP_SIGNALS:
-            signal.signal(signum, self.stop_after_iteration)
+            if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored (answer_stop_signals)
+                signal.signal(signum, self.stop_after_iteration)
         return self
 
     def stop_after_iteration(self, signum, frame):
@@ -644,12 +646,25 @@ def closing_line(monitor: Monitor, status: str, state: RunState) -> str:
     return line
 
 
+def answer_stop_signals() -> None:
+    """Ctrl-C and SIGTERM reach the run however its parent started it. A shell script's background job (`python
+    ppo_continuous.py ... &`) starts with SIGINT ignored, and a child of a Ray worker with it blocked; both survive
+    exec, and Ctrl-C while the run starts would go unheard (the training loop takes the signals over once it begins).
+    SIGHUP is left as given: nohup's run outlives its terminal."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
+
+
 def cli(args_type: type, validate, train, script, machine_flags: set[str] = MACHINE_FLAGS, refused=None) -> int:
     """Parse the flags, then train or evaluate; bad input is one line on stderr and exit status 2. `script`: the
     module whose Agent a checkpoint to evaluate was trained with. `machine_flags`: the flags of the machine, which a
     resumed run may change (checkpoints.MACHINE_FLAGS and a script's own ways of using the machine). `refused`:
     {flag: why} for flags of a CleanRL command line that the script has no field for, each refused in one line
     rather than by the parser's usage message."""
+    answer_stop_signals()
     for item in sys.argv[1:]:
         flag = item.partition("=")[0].replace("_", "-")
         if flag in (refused or {}):

@@ -345,14 +345,27 @@ def test_a_post_accumulate_grad_hook_in_an_edited_agent_stops_the_run_with_its_c
         assert (folder / "checkpoint.pt").is_file()
 
 
+def parent_left_sigint(how: str):
+    """A Popen preexec_fn: the child starts with SIGINT as a parent may leave it, `default`, `ignored` (a shell script's
+    background job, `python ppo_continuous.py ... &`) or `blocked` (a child of a Ray worker); both survive exec."""
+
+    def prepare() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN if how == "ignored" else signal.SIG_DFL)
+        mask = signal.SIG_BLOCK if how == "blocked" else signal.SIG_UNBLOCK
+        signal.pthread_sigmask(mask, [signal.SIGINT])
+
+    return prepare
+
+
 @pytest.mark.slow
-def test_ctrl_c_while_the_run_starts_is_one_line_and_exit_status_130(tmp_path):
+@pytest.mark.parametrize("parent", ["default", "ignored", "blocked"])
+def test_ctrl_c_while_the_run_starts_is_one_line_and_exit_status_130(tmp_path, parent):
     """Before the training loop takes over the signals (envs made, the compile's start-up), Ctrl-C is one line, never a
-    traceback: here while the first env's reset waits for the test."""
+    traceback: here while the first env's reset waits for the test. However the parent left SIGINT."""
     paused, go = tmp_path / "paused", tmp_path / "go"
     env = {"TESTS_PAUSE_UNTIL": str(go), "TESTS_PAUSED_AT": str(paused)}
     args = ["--env-id", "tests.envs:PauseOnReset-v0", "--total-timesteps", "2048", "--quiet"]
-    proc = start_python(REPO / "ppo_continuous.py", args, tmp_path, env)
+    proc = start_python(REPO / "ppo_continuous.py", args, tmp_path, env, preexec_fn=parent_left_sigint(parent))
     try:
         deadline = time.monotonic() + SAFETY_NET
         while not paused.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -364,3 +377,27 @@ def test_ctrl_c_while_the_run_starts_is_one_line_and_exit_status_130(tmp_path):
     _, stderr = proc.communicate(timeout=SAFETY_NET)
     assert proc.returncode == 130, stderr
     assert stderr.strip().splitlines() == ["ppo_continuous.py: interrupted"], stderr
+
+
+@pytest.mark.slow
+def test_a_run_under_nohup_outlives_its_terminal(tmp_path):
+    """nohup starts the run with SIGHUP ignored: the SIGHUP of a closed terminal leaves it training to its end (the
+    training loop takes SIGHUP only where nobody ignored it). The envs wait at their 600th step for the test, so the
+    signal comes while the run trains however fast the machine is."""
+    go = tmp_path / "go"
+    args = ["--env-id", "tests.envs:PauseOnce-v0", "--total-timesteps", "2048", "--num-envs", "2", "--num-steps", "128"]
+    args += ["--num-minibatches", "4", "--update-epochs", "2", "--obs-warmup-steps", "256", "--run-name", "h"]
+    args += ["--quiet", "--no-compile"]
+
+    def nohup() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    proc = start_python(PPO_SCRIPT, args, tmp_path, {"TESTS_PAUSE_UNTIL": str(go)}, preexec_fn=nohup)
+    try:
+        assert wait_until_trained(tmp_path / "runs" / "h", proc), "the run ended before its first update"
+        proc.send_signal(signal.SIGHUP)
+    finally:
+        go.touch()
+    _, stderr = proc.communicate(timeout=SAFETY_NET)
+    assert proc.returncode == 0 and "SIGHUP" not in stderr, stderr
+    assert json.loads((tmp_path / "runs" / "h" / "summary.json").read_text())["status"] == "completed"
