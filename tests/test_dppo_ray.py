@@ -164,7 +164,7 @@ def test_async_never_stalls_in_process(tmp_path, sync_every, max_policy_lag):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sync_every, max_policy_lag", [(4, 2), (8, 1)])
+@pytest.mark.parametrize("sync_every, max_policy_lag", [(4, 2)])  # the case that stalled; the others run in process
 def test_async_never_stalls_on_ray(tmp_path, sync_every, max_policy_lag):
     args = ["--env-id", "tests.envs:Truncating-v0", "--mode", "async", "--num-steps", "64", "--num-minibatches", "2"]
     args += ["--sync-every", str(sync_every), "--max-policy-lag", str(max_policy_lag), "--update-epochs", "2"]

@@ -205,7 +205,7 @@ def test_ctrl_c_keeps_finished_runs_and_storage_runs_resume(tmp_path, sigint_ign
     cluster.add_node(num_cpus=2)
     cluster.wait_for_nodes()
     storage = tmp_path / "shared"
-    long_run = ["--total-timesteps", "61440", *SHORT[2:]]
+    long_run = ["--total-timesteps", "30720", *SHORT[2:]]  # 60 updates: the signal comes after the first
     sweep = ["--envs", "Pendulum-v1", "--impls", "ppo", "--seeds", "1", "--storage", str(storage)]
     # one finished run first: the 1e-4 configuration, with the flags the sweep below asks (a run of other flags would
     # be refused)
