@@ -441,7 +441,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="smoke test: trains Pendulum-v1, 1 seed, 8192 steps, in a temporary runs folder that it then deletes",
+        help="smoke test: trains Pendulum-v1, 1 seed, 4096 steps, in a temporary runs folder that it then deletes",
     )
     cfg = p.parse_args(argv)
     if cfg.jobs < 1:
@@ -605,7 +605,7 @@ def use_quick_settings(cfg: argparse.Namespace) -> None:
     """--quick: one short Pendulum-v1 run of each implementation, in a temporary runs folder that main deletes."""
     cfg.envs = ["Pendulum-v1"]
     cfg.seeds = 1
-    cfg.total_timesteps = 8192
+    cfg.total_timesteps = 4096
     cfg.run = True
     cfg.num_steps = 1024
     cfg.num_minibatches = 8
