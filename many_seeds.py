@@ -29,10 +29,13 @@ import ast
 import contextlib
 import functools
 import glob
+import hashlib
+import importlib.metadata
 import io
 import json
 import math
 import os
+import platform
 import queue
 import shutil
 import signal
@@ -50,6 +53,53 @@ from dataclasses import dataclass, field
 LAUNCHER_FLAGS = ("--num-seeds", "--seed-processes", "--ray-address", "--seed", "--run-name", "--resume")
 # The file descriptor a seed writes its progress to (Monitor, in run_management.py), as "<step> <total> <return>".
 PROGRESS_FD = "PPO_PROGRESS_FD"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# What a run ran on, in run.json: read without torch, by the launcher and by benchmarks/learning.py's sweeps, which
+# compare runs by it
+# ---------------------------------------------------------------------------------------------------------------------
+# The packages whose versions are part of a run's identity: two runs compare only if they trained on the same ones.
+IDENTITY_PACKAGES = ("torch", "gymnasium", "mujoco", "numpy", "ray")
+
+
+def package_version(name: str) -> str | None:
+    """The installed version of a package, None where it is not installed (read from its metadata, not imported)."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name as the OS reports it, for the reader of a result (not part of a run's identity)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def run_environment() -> dict:
+    """What a run ran on: the Python and the IDENTITY_PACKAGES' versions (which decide whether two runs compare), and
+    the CPU model and core count (for the reader)."""
+    return {
+        "python": platform.python_version(),
+        "packages": {name: package_version(name) for name in IDENTITY_PACKAGES},
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+    }
+
+
+def file_sha256(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
 
 
 class LaunchError(Exception):

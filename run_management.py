@@ -12,11 +12,9 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
-import importlib.metadata
 import importlib.util
 import json
 import os
-import platform
 import random
 import shutil
 import signal
@@ -49,6 +47,7 @@ from checkpoints import (
     run_eval_checkpoint,
     save_atomic,
 )
+from many_seeds import file_sha256, package_version, run_environment
 
 
 def distribution_gap(e: NotImplementedError) -> DistributionGap | None:
@@ -100,41 +99,6 @@ def quiet_mujoco_log() -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 # A run: what it is (run.json), seeding, its folder and writer, Ctrl-C/SIGTERM
 # ---------------------------------------------------------------------------------------------------------------------
-# The packages whose versions are part of a run's identity: two runs compare only if they trained on the same ones.
-IDENTITY_PACKAGES = ("torch", "gymnasium", "mujoco", "numpy", "ray")
-
-
-def package_version(name: str) -> str | None:
-    """The installed version of a package, None where it is not installed (read from its metadata, not imported)."""
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def cpu_model() -> str:
-    """The CPU's model name as the OS reports it, for the reader of a result (not part of a run's identity)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
-def run_environment() -> dict:
-    """What a run ran on: the Python and the IDENTITY_PACKAGES' versions (which decide whether two runs compare), and
-    the CPU model and core count (for the reader)."""
-    return {
-        "python": platform.python_version(),
-        "packages": {name: package_version(name) for name in IDENTITY_PACKAGES},
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-    }
-
-
 @functools.cache
 def python_roots() -> tuple[str, ...]:
     """The folders of Python's own library and of its installed packages."""
@@ -176,14 +140,6 @@ def own_modules(env_id: str | None = None) -> dict[str, str]:
             if origin and origin.endswith(".py") and not installed_file(os.path.abspath(origin)):
                 modules[env_module] = os.path.abspath(origin)
     return modules
-
-
-def file_sha256(path: str) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
-    except OSError:
-        return None
 
 
 def code_version(env_id: str | None = None, only: list[str] | None = None) -> dict:

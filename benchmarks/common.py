@@ -15,7 +15,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from run_management import cpu_model, package_version  # noqa: E402, F401 (one definition: what a run records)
+from many_seeds import cpu_model, package_version  # noqa: E402, F401 (one definition: what a run records)
 
 RESULTS_DIR = os.path.join(REPO, "benchmarks", "results")  # committed tables and plots (--update-committed)
 LOCAL_RESULTS_DIR = os.path.join(RESULTS_DIR, "local")  # git-ignored; each run gets a new <UTC date-time> folder in it

@@ -60,7 +60,7 @@ from common import (
 )
 from learning_report import TARGETS, plot_curves, plot_grid, read_curve, report_lines, summarize_runs
 
-from many_seeds import LaunchError, pack_folder, run_on_cluster  # common put the repository on the path
+from many_seeds import LaunchError, file_sha256, pack_folder, run_on_cluster  # common put the repository on the path
 
 # The trainers --run starts besides SB3: script and flags, from the repository root.
 COMMANDS = {
@@ -191,8 +191,6 @@ def run_difference(folder: str, expected: list[str], environment: dict) -> str |
     values), continued only by resumes that changed no flag, trained by the code now in every module it imported (the
     repository's, a custom env's) and on `environment`'s Python and packages (expected_environment); else what differs
     first, in words."""
-    from run_management import file_sha256  # the repository is on the path: common.py put it there
-
     path = os.path.join(folder, "run.json")
     if not os.path.isfile(path):
         return "records no command or code (it has no run.json: made before learning.py checked runs)"
@@ -232,8 +230,8 @@ def run_difference(folder: str, expected: list[str], environment: dict) -> str |
 
 @functools.cache
 def expected_environment(python: str) -> dict:
-    """run_management.run_environment() as the interpreter `python` reports it: what its runs would record."""
-    code = f"import json, sys; sys.path.insert(0, {REPO!r}); import run_management as r; "
+    """many_seeds.run_environment() as the interpreter `python` reports it: what its runs would record."""
+    code = f"import json, sys; sys.path.insert(0, {REPO!r}); import many_seeds as r; "
     code += "print(json.dumps(r.run_environment()))"
     result = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300)
     if result.returncode != 0:

@@ -4,6 +4,7 @@ one-line errors, the CleanRL plumbing (with a stand-in script: neither compariso
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -465,6 +466,21 @@ def test_learning_python_is_checked_and_made_absolute(tmp_path, monkeypatch, cap
     with pytest.raises(SystemExit) as stop:
         parse_args(["--python", "venv/bin/nothing"])
     assert stop.value.code == 2 and "--python venv/bin/nothing: no such executable" in capsys.readouterr().err
+
+
+def test_learning_reads_what_a_run_ran_on_without_importing_torch():
+    """learning.py's driver, and the interpreter it asks what its runs would record, read versions from the packages'
+    metadata: a refusal or a report of a sweep without --grid imports no torch. What they read is what a run records
+    (run_management's run.json)."""
+    import run_management
+
+    code = "import json, sys; sys.path.insert(0, 'benchmarks'); import learning; "
+    code += "print(json.dumps([learning.expected_environment(sys.executable), sorted(sys.modules)]))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=SAFETY_NET)
+    assert result.returncode == 0, result.stderr[-2000:]
+    environment, modules = json.loads(result.stdout)
+    assert "torch" not in modules and "gymnasium" not in modules
+    assert environment == run_management.run_environment() and environment["packages"]["torch"]
 
 
 @pytest.mark.slow
