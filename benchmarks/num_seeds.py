@@ -1,7 +1,7 @@
 """--num-seeds against single runs started by hand: wall time, the launcher's memory, and each seed's return.
 
     python benchmarks/num_seeds.py                  # HalfCheetah-v5, 8 seeds of 40,960 steps, 3 rounds: about 6 min
-    python benchmarks/num_seeds.py --quick          # smoke test: Pendulum-v1, 2 seeds of 2,048 steps, 1 round
+    python benchmarks/num_seeds.py --quick          # smoke test: Pendulum-v1, 2 seeds of 2,048 steps, 1 round, eager
 
 Four ways, each a whole process (or processes) in a fresh working folder, alternated in every round (the machine's
 load drifts alike for all of them), after one untimed run that fills torch.compile's cache (warm start, as every run
@@ -19,6 +19,7 @@ the table to --out (default: printed only).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import statistics
@@ -32,7 +33,9 @@ SCRIPT = os.path.join(REPO, "ppo_continuous.py")
 
 
 def flags(cfg: argparse.Namespace) -> list[str]:
-    return ["--env-id", cfg.env_id, "--total-timesteps", str(cfg.total_timesteps), "--quiet", "--checkpoint-every=0"]
+    """Every run's flags, in every way (--quick's runs are eager: a smoke test has no compile worth warming)."""
+    every = ["--env-id", cfg.env_id, "--total-timesteps", str(cfg.total_timesteps), "--quiet", "--checkpoint-every=0"]
+    return every + (["--no-compile"] if cfg.quick else [])
 
 
 def peak_memory_mib(pid: int) -> float | None:
@@ -104,7 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=8, help="seeds 1..N (default: 8)")
     p.add_argument("--total-timesteps", type=int, default=40_960, help="per seed (default: 40960)")
     p.add_argument("--repeats", type=int, default=3, help="rounds, each running every way once (default: 3)")
-    p.add_argument("--quick", action="store_true", help="smoke test: Pendulum-v1, 2 seeds of 2,048 steps, 1 round")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: Pendulum-v1, 2 seeds of 2,048 steps, 1 round, --no-compile (no compile to warm up)",
+    )
     p.add_argument("--out", default=None, help="also write the table to this file")
     cfg = p.parse_args(argv)
     if cfg.quick:
@@ -112,9 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     seeds = list(range(1, cfg.seeds + 1))
     cores = len(os.sched_getaffinity(0))
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    with tempfile.TemporaryDirectory() as folder:  # one untimed run: torch.compile's cache is warm for all ways
-        warm = [sys.executable, SCRIPT, *flags(cfg), "--run-name", "warm"]
-        subprocess.run(warm, cwd=folder, check=True, stdout=subprocess.DEVNULL)
+    if not cfg.quick:
+        with tempfile.TemporaryDirectory() as folder:  # one untimed run: torch.compile's cache is warm for all ways
+            warm = [sys.executable, SCRIPT, *flags(cfg), "--run-name", "warm"]
+            subprocess.run(warm, cwd=folder, check=True, stdout=subprocess.DEVNULL)
     ways = list(dict.fromkeys([f"--num-seeds {cfg.seeds}", f"{cfg.seeds} by hand", "--num-seeds 2", "one seed"]))
     seconds: dict[str, list[float]] = {way: [] for way in ways}
     returns: dict[str, list[float]] = {}
@@ -136,13 +144,12 @@ def main(argv: list[str] | None = None) -> int:
                     returns[way] = final_returns(folder, seeds[:count])
     median = {way: statistics.median(values) for way, values in seconds.items()}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    import torch
-
     lines = [
         f"`python benchmarks/num_seeds.py --env-id {cfg.env_id} --seeds {cfg.seeds} --total-timesteps "
         f"{cfg.total_timesteps} --repeats {cfg.repeats}`, started {started} at "
-        f"{commit.stdout.strip() or 'an unknown commit'}, {cores} cores, torch {torch.__version__}, "
-        f"Python {sys.version.split()[0]}; warm compile cache, the ways alternated in each round:",
+        f"{commit.stdout.strip() or 'an unknown commit'}, {cores} cores, torch {importlib.metadata.version('torch')}, "
+        f"Python {sys.version.split()[0]}; {'eager (--no-compile)' if cfg.quick else 'warm compile cache'}, the ways "
+        "alternated in each round:",
         "",
         "| way | wall time, median | least | most | " + " | ".join(f"seed {s} return" for s in seeds) + " |",
         "|---|--:|--:|--:|" + "--:|" * len(seeds),
