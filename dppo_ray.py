@@ -531,6 +531,9 @@ def init_ray(args: Args):
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     # The calls of an actor that the pool restarted fail unread; the restart is reported in one line, not Ray's trace.
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
+    # A Ray this run starts would hold ray.init until it had started an idle worker per CPU, which the actors never
+    # take (they carry this run's runtime_env); they start their own.
+    os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
     # Workers inherit the driver's import path, so `module:EnvId` env ids and this repo's modules resolve in actors.
     here = os.path.dirname(os.path.abspath(__file__))
     pythonpath = os.pathsep.join(p for p in [here, os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)
