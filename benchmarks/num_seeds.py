@@ -144,9 +144,9 @@ def main(argv: list[str] | None = None) -> int:
                     returns[way] = final_returns(folder, seeds[:count])
     median = {way: statistics.median(values) for way, values in seconds.items()}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    asked = f"--env-id {cfg.env_id} --seeds {cfg.seeds} --total-timesteps {cfg.total_timesteps} --repeats {cfg.repeats}"
     lines = [
-        f"`python benchmarks/num_seeds.py --env-id {cfg.env_id} --seeds {cfg.seeds} --total-timesteps "
-        f"{cfg.total_timesteps} --repeats {cfg.repeats}`, started {started} at "
+        f"`python benchmarks/num_seeds.py {'--quick' if cfg.quick else asked}`, started {started} at "
         f"{commit.stdout.strip() or 'an unknown commit'}, {cores} cores, torch {importlib.metadata.version('torch')}, "
         f"Python {sys.version.split()[0]}; {'eager (--no-compile)' if cfg.quick else 'warm compile cache'}, the ways "
         "alternated in each round:",
