@@ -25,6 +25,7 @@ import tyro
 from torch.distributions import Distribution, Independent, TransformedDistribution
 
 from gae import RunningMeanStd, normalize_obs, running_std
+from run_record import first_line
 
 
 class UsageError(Exception):
@@ -44,11 +45,6 @@ PROG = os.path.basename(sys.argv[0]) if sys.argv[0].endswith(".py") else "ppo_co
 def unwrapped(agent):
     """The Agent itself, where a user wrapped it in torch.compile (an OptimizedModule keeps it as _orig_mod)."""
     return getattr(agent, "_orig_mod", agent)
-
-
-def first_line(e: BaseException) -> str:
-    """An exception's message in one line (its type's name when it has none), for a one-line error."""
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 class DistributionGap(Exception):
@@ -208,7 +204,7 @@ RUN_LENGTH_FLAGS = {
     "upload_model",
     "hf_entity",
     "guard_patience",
-    "num_seeds",  # many_seeds.py: --resume with --num-seeds N carries on N seeds of a launch
+    "num_seeds",  # launcher.py: --resume with --num-seeds N carries on N seeds of a launch
 }
 COMPUTED_FLAGS = {"batch_size", "minibatch_size", "num_iterations"}
 

@@ -3,17 +3,19 @@
     python dppo_ray.py --env-id HalfCheetah-v5 --num-actors 2 --mode async
     python dppo_ray.py --env-id CartPole-v1 --num-actors 2 --no-ray      # in-process, for a debugger
 
-This file adds only what distribution needs to ppo_continuous.py. The learner is that file's run, step by step
-(start_run, rollout_batch, ppo_update, log_update, save_checkpoint, end_run), with the actors in the place of its
-Sampler (ActorSampler): a change to the algorithm there reaches both scripts, and the checkpoints of the two scripts
-fit each other. What only this script needs lives here: the rollout actors and their faults, staleness and its
+This file adds only what distribution needs to ppo_continuous.py. The learner runs that file's run: start_run, its
+training_loop (and so whatever the loop calls: sample_rollout, rollout_batch, ppo_update, log_update and the
+checkpoints it saves) and end_run, with the actors in the place of its Sampler (ActorSampler): a change to the
+algorithm or the loop there reaches both scripts, and the checkpoints of the two scripts fit each other. The sampler is
+where distribution enters the loop: its rollout is the actors' batch, and its anchor step is the stale-data
+correction. What only this script needs lives here: the rollout actors and their faults, staleness and its
 correction, Ray, and Discrete actions (CartPole, say).
 
-Each `RolloutActor` is ppo_continuous.py's `Sampler` run as a Ray actor: it steps `--num-envs-per-actor` envs with a
-numpy copy of the policy and returns its rollout as one dict of numpy arrays, tagged with the version of the policy
-that produced it. The learner assembles batch = num_actors x num_envs_per_actor x num_steps env steps (CleanRL's
-num_envs x num_steps), runs the PPO epochs (on a GPU with --cuda when one is present), and broadcasts the weights with
-one `ray.put` every --sync-every updates.
+Each `RolloutActor` is ppo_continuous.py's `Sampler` run as a Ray actor: it steps `--num-envs-per-actor` envs with its
+own copy of the policy (numpy where the mirror matches, torch otherwise and for Discrete actions) and returns its
+rollout as one dict of numpy arrays, tagged with the version of the policy that produced it. The learner assembles
+batch = num_actors x num_envs_per_actor x num_steps env steps (CleanRL's num_envs x num_steps), runs the PPO epochs
+(on a GPU with --cuda when one is present), and broadcasts the weights with one `ray.put` every --sync-every updates.
 
 --mode sync waits for every actor each iteration (a barrier), so with --sync-every 1 all data comes from the current
 policy. --mode async consumes rollouts as they arrive while the actors keep sampling; --max-policy-lag bounds how stale
@@ -45,18 +47,22 @@ import gae
 import ppo_continuous as ppo
 from checkpoints import UsageError, resume_checkpoint
 from fast_paths import failure
-from many_seeds import ray_address_answers
+from ray_cluster import ray_address_answers
 from run_management import (
     PROG,
     Interrupted,
+    Run,
     StopRun,
     TrainingLoop,
+    box_spaces,
     cli,
+    finish_run,
     first_line,
     require_positive,
     say_rounded_timesteps,
     seed_everything,
 )
+from run_record import last_line
 
 make_env = ppo.make_env  # what a saved policy of this script is evaluated in (checkpoints.Policy)
 
@@ -190,7 +196,7 @@ def check_spaces(env_id: str, env: gym.Env) -> tuple[int, int, bool]:
     if not isinstance(env.action_space, gym.spaces.Discrete):
         if not isinstance(env.action_space, gym.spaces.Box):
             raise UsageError(f"{env_id} has a {env.action_space} action space; {PROG} needs a Box or Discrete one")
-        return (*ppo.check_spaces(env_id, env), False)
+        return (*box_spaces(env_id, env), False)
     space = env.observation_space
     if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
         raise UsageError(f"{env_id} has observation space {space}; a Box, Dict or Tuple is needed")
@@ -466,18 +472,6 @@ class ActorPool:
         return [accepted[key] for key in sorted(accepted)], dropped
 
 
-def last_line(e: BaseException) -> str:
-    """The last line of an exception's message: for one raised inside an actor, what it said, under Ray's traceback
-    (fast_paths.failure gives the first, Ray's own summary)."""
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    return lines[-1] if lines else type(e).__name__
-
-
-def loss_settings(args: Args, ent_coef: float) -> dict:
-    """ppo_continuous.py's loss settings, with the cap of the decoupled loss's importance weight."""
-    return ppo.loss_settings(args, ent_coef) | {"max_is_weight": args.max_is_weight}
-
-
 def merged_moments(moments: list[tuple[np.ndarray, np.ndarray, int]]) -> gae.RunningMeanStd:
     """Several samplers' observation statistics (mean, var, count) as one."""
     merged = gae.RunningMeanStd(shape=np.shape(moments[0][0]), epsilon=0.0)
@@ -602,7 +596,7 @@ class ActorSampler:
     def make_agent(self) -> Agent:
         return Agent(*self.spaces, discrete=self.discrete)
 
-    def attach(self, run: ppo.Run, loop: TrainingLoop, ray_module) -> None:
+    def attach(self, run: Run, loop: TrainingLoop, ray_module) -> None:
         """Start the actors (on Ray, unless `ray_module` is None), which count into the run's counters and stop a
         wait for rollouts when a signal ends the loop."""
         for key in ("dropped_rollouts", "actor_restarts", "lost_rollouts", "discarded_rollouts"):
@@ -681,36 +675,27 @@ class ActorSampler:
             "learner_seconds": {k: round(v, 2) for k, v in self.seconds.items()},
         }
 
+    def anchor(self, batch: dict, agent: Agent) -> dict:
+        """--stale-correction decoupled (Hilton et al. 2021): the clip is anchored to the learner's current policy (the
+        proximal one), and the policy that sampled the data becomes the behaviour policy of gae.ppo_loss's weight
+        (capped by --max-is-weight). With none, the clip stays anchored to the policy that sampled."""
+        if self.args.stale_correction != "decoupled":
+            return batch
+        with torch.no_grad():
+            batch["behaviour_logprobs"] = batch["logprobs"]
+            batch["logprobs"] = agent.evaluate(batch["obs"], batch["actions"])[0]
+        return batch
+
     def close(self) -> None:
-        """The actors end with Ray's shutdown (train)."""
-
-
-def decouple(batch: dict, agent) -> dict:
-    """--stale-correction decoupled (Hilton et al. 2021): the clip is anchored to the learner's current policy (the
-    proximal one), and the policy that sampled the data becomes the behaviour policy of gae.ppo_loss's weight."""
-    with torch.no_grad():
-        batch["behaviour_logprobs"] = batch["logprobs"]
-        batch["logprobs"] = agent.evaluate(batch["obs"], batch["actions"])[0]
-    return batch
+        """The in-process actors' envs (--no-ray); actors on Ray end with its shutdown (train)."""
+        if self.pool is not None and self.pool.ray is None:
+            for actor in self.pool.actors:
+                actor.close()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Training: ppo_continuous.py's steps, with the actors for the sampler
+# Training: ppo_continuous.py's training loop, with the actors for the sampler
 # ---------------------------------------------------------------------------------------------------------------------
-def training_loop(run: ppo.Run, loop: TrainingLoop) -> None:
-    """ppo_continuous.py's training_loop, with --stale-correction's step between the batch and the update."""
-    args = run.args
-    while run.state.iteration < args.num_iterations and loop.signum is None:
-        iteration = run.state.iteration + 1
-        ent_coef = ppo.anneal(run.learner.optimizer, args, iteration)
-        run.sampler.set_policy(ppo.policy_weights(run.learner))
-        batch = ppo.rollout_batch(run, run.sampler.rollout(args.num_steps))
-        if args.stale_correction == "decoupled":
-            batch = decouple(batch, run.learner.agent)
-        stats, problem = ppo.ppo_update(run.learner, batch, args, loss_settings(args, ent_coef), iteration)
-        ppo.log_update(run, batch, stats, problem, ent_coef)
-
-
 def train(args: Args) -> int:
     ckpt = resume_checkpoint(args)
     env = ppo.make_env(args.env_id)  # a bad env id or action space fails here, before Ray starts
@@ -725,8 +710,10 @@ def train(args: Args) -> int:
             actors.attach(run, loop, ray)  # one that fails to start stops the run with its checkpoint
             if ckpt is None:
                 ppo.warm_up(run)
-            training_loop(run, loop)
-        eval_failed = ppo.end_run(run, loop.status, loop.keeps_state, actors.summary())
+            ppo.training_loop(run, loop)
+        if loop.keeps_state:
+            ppo.save_checkpoint(run)
+        eval_failed = finish_run(run, loop.status, actors.summary())
     finally:
         if ray is not None:
             ray.shutdown()

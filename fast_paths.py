@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from checkpoints import PROG, StopRun, agent_attributes, unwrapped
 from gae import LOG_SQRT_2PI, PPOLoss
+from run_record import first_line
 
 # A mirror matches when each value it computes differs from the plain path's by at most this fraction of that value's
 # largest magnitude (see relative_differences). Both compute in float32, whose rounding (about 1e-7 relative)
@@ -54,14 +55,9 @@ def say(line: str) -> None:
 
 
 def failure(e: BaseException) -> str:
-    """An exception in a few words: its type and the first line of its message, with the lines after it where it ends
-    in a colon (torch.compile's "backend='inductor' raised:" is followed by its cause)."""
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    text = lines[0] if lines else "no message"
-    for line in lines[1:]:
-        if not text.endswith(":"):
-            break
-        text = f"{text} {line}"
+    """An exception in a few words: its type and its message in one line (run_record.first_line: torch.compile's
+    "backend='inductor' raised:" with its cause)."""
+    text = first_line(e) if str(e).strip() else "no message"
     return f"{type(e).__name__}: {text[:240]}"
 
 
@@ -199,6 +195,17 @@ def audit_acting(actor: NumpyActor, plain_actor, obs: np.ndarray, noise: np.ndar
         "log-probabilities of the actions taken": (logprobs, plain_actor.log_prob(obs, actions, noise)),
     }
     return worst_of(compared, "TorchActor on this rollout's observations")
+
+
+def sample_again(sampler, discarded: dict, num_steps: int) -> dict[str, np.ndarray]:
+    """A rollout of `sampler` acting with torch, in place of `discarded`, whose numpy actor failed its audit: it
+    carries the discarded rollout's steps, episodes and audit, which count (ppo_continuous.Sampler.rollout)."""
+    sampler.policy = sampler.make_actor(False)
+    again = sampler.sample(num_steps)
+    again["env_steps"] += discarded["env_steps"]
+    for key in ("episode_returns", "episode_lengths"):
+        again[key] = np.concatenate([discarded[key], again[key]])
+    return again | {key: discarded[key] for key in ("acting_audit", "acting_problem")}
 
 
 def module_hooks(agent: nn.Module) -> str | None:

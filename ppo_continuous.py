@@ -12,17 +12,17 @@ update, the training loop. The math lives in gae.py; every gradient is autograd'
 one function (clipped_gradient, compiled where it compiles), and every step is the optimizer's that make_learner built.
 fast_paths.py holds the numpy mirror of acting (audited on every rollout) and when the compiled gradient steps aside;
 checkpoints.py and run_management.py what makes a run safe to interrupt, resume and compare. --num-seeds launches this
-file once per seed (many_seeds.py, before torch is imported); dppo_ray.py runs its steps with Ray actors as the Sampler.
+file once per seed (launcher.py, before torch is imported); dppo_ray.py runs its steps with Ray actors as the Sampler.
 """
 
 from __future__ import annotations
 
 import sys
 
-import many_seeds  # the standard library only
+import launcher  # the standard library only
 
-if __name__ == "__main__" and many_seeds.asked(sys.argv[1:]):  # N seeds: N single runs of this file, as processes
-    sys.exit(many_seeds.launch(__file__, sys.argv[1:]))
+if __name__ == "__main__" and launcher.asked(sys.argv[1:]):  # N seeds: N single runs of this file, as processes
+    sys.exit(launcher.launch(__file__, sys.argv[1:]))
 
 import importlib
 import os
@@ -37,31 +37,10 @@ from torch.distributions import Distribution, Independent, Normal
 
 import checkpoints
 import gae
-from checkpoints import (
-    RunState,
-    UsageError,
-    restore_training,
-    resume_checkpoint,
-    save_atomic,
-    training_checkpoint,
-    unwrapped,
-)
-from fast_paths import FastPaths, NumpyActor, audit_acting, choose_paths, failure, update_gradient
-from run_management import (
-    PROG,
-    Monitor,
-    StopRun,
-    TrainingLoop,
-    check_run_flags,
-    cli,
-    finish_run,
-    quiet_mujoco_log,
-    require_positive,
-    run_folder,
-    say_rounded_timesteps,
-    seed_everything,
-    tensorboard_writer,
-)
+import run_management
+from checkpoints import RunState, UsageError, restore_training, resume_checkpoint, save_atomic, training_checkpoint
+from fast_paths import FastPaths, NumpyActor, audit_acting, choose_paths, failure, sample_again, update_gradient
+from run_management import PROG, Interrupted, Monitor, Run, StopRun, TrainingLoop, check_run_flags, cli, finish_run
 
 
 @dataclass
@@ -172,7 +151,7 @@ class Args:
     line); --no-compile: the same gradient function run eagerly, without the compile's start-up"""
     num_seeds: int = 1
     """train this many seeds (--seed, --seed + 1, ...), each the single run of this command with its own --seed, in
-    a process of its own and a folder runs/<run-name>__<seed> (many_seeds.py)"""
+    a process of its own and a folder runs/<run-name>__<seed> (launcher.py)"""
     seed_processes: int = 0
     """with --num-seeds: how many seeds run at once (0: one per core this process may use)"""
     ray_address: str | None = None
@@ -189,18 +168,7 @@ class Args:
 
 
 def validate_args(args: Args, batch_shape: str | None = None) -> None:
-    positive = ["total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"]
-    positive += ["guard_patience", "torch_threads", "learning_rate", "clip_coef", "obs_clip", "reward_clip"]
-    require_positive(args, [*positive, "guard_max_abs", "num_seeds"])
-    check_run_flags(args)  # files, videos, resuming, the seeds' processes
-    if not 0 < args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
-        raise UsageError(f"--gamma must be in (0, 1] and --gae-lambda in [0, 1], got {args.gamma}, {args.gae_lambda}")
-    if args.target_kl is not None and not args.target_kl > 0:
-        raise UsageError(f"--target-kl must be positive (or None), got {args.target_kl}")
-    if args.seed < 0:
-        raise UsageError(f"--seed must be >= 0 (numpy's and gymnasium's seeds are), got {args.seed}")
-    if args.obs_warmup_steps < 0:
-        raise UsageError(f"--obs-warmup-steps must be >= 0, got {args.obs_warmup_steps}")
+    check_run_flags(args)  # each flag's range; files, videos, resuming, the seeds' processes
     args.batch_size = args.num_envs * args.num_steps
     if args.batch_size % args.num_minibatches != 0:
         shape = batch_shape or f"--num-envs {args.num_envs} x --num-steps {args.num_steps}"
@@ -219,7 +187,7 @@ def validate_args(args: Args, batch_shape: str | None = None) -> None:
 def make_env(env_id: str, capture_video: bool = False, video_dir: str = "") -> gym.Env:
     """gym.make, with a Dict or Tuple observation (dm_control's, say) flattened into one vector; `env.obs_layout`
     records how (checkpoints.observation_layout), and is saved with the policy."""
-    quiet_mujoco_log()  # before the model is built, in every process and for every use (training, evaluation)
+    run_management.quiet_mujoco_log()  # before the model is built, in every process and every use (training too)
     try:
         if env_id.startswith("dm_control/"):  # gymnasium 1.x loads no plugins: Shimmy registers these ids on import
             importlib.import_module("shimmy")
@@ -233,16 +201,6 @@ def make_env(env_id: str, capture_video: bool = False, video_dir: str = "") -> g
         env = gym.wrappers.RecordVideo(env, video_dir)
     env.obs_layout = layout
     return env
-
-
-def check_spaces(env_id: str, env: gym.Env) -> tuple[int, int]:
-    """(obs_dim, action_dim) of an env with a flat Box observation and Box actions, or a UsageError."""
-    observation_space, action_space = env.observation_space, env.action_space
-    if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
-        raise UsageError(f"{env_id} has a {action_space} action space; {PROG} needs a continuous (Box) one")
-    if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
-        raise UsageError(f"{env_id} has observation space {observation_space}; a Box, Dict or Tuple is needed")
-    return observation_space.shape[0], action_space.shape[0]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -374,7 +332,7 @@ class Sampler:
         self.obs_mean = self.obs_std = None
 
     def check_spaces(self, env_id: str, env: gym.Env) -> tuple[int, int]:
-        return check_spaces(env_id, env)
+        return run_management.box_spaces(env_id, env)
 
     @property
     def rng_state(self) -> dict:
@@ -436,17 +394,8 @@ class Sampler:
         acted."""
         rollout = self.sample(num_steps)
         if rollout["acting_problem"]:
-            rollout = self.sample_again(rollout, num_steps)
+            rollout = sample_again(self, rollout, num_steps)
         return rollout
-
-    def sample_again(self, discarded: dict, num_steps: int) -> dict[str, np.ndarray]:
-        """A rollout acting with torch, in place of `discarded` (whose steps, episodes and audit it carries)."""
-        self.policy = self.make_actor(False)
-        again = self.sample(num_steps)
-        again["env_steps"] += discarded["env_steps"]
-        for key in ("episode_returns", "episode_lengths"):
-            again[key] = np.concatenate([discarded[key], again[key]])
-        return again | {key: discarded[key] for key in ("acting_audit", "acting_problem")}
 
     def sample(self, num_steps: int) -> dict[str, np.ndarray]:
         """One rollout, unaudited. The loop does only what the next env step needs; the rest is done on whole arrays
@@ -511,6 +460,11 @@ class Sampler:
             "acting_problem": np.array(problem or ""),
         }
 
+    def anchor(self, batch: dict, agent: Agent) -> dict:
+        """The batch with the policy PPO's ratio is anchored to: the one that acted, here always the learner's latest
+        (dppo_ray.py's actors may act with an older one and, decoupled, anchor to the learner's)."""
+        return batch
+
     def scalars(self) -> dict[str, float]:
         """What TensorBoard records of the sampler with each update: nothing here (dppo_ray.py's actors record their
         staleness, restarts and timings)."""
@@ -544,14 +498,10 @@ def make_learner(args: Args, agent: Agent, device: torch.device) -> Learner:
 
 
 def loss_settings(args: Args, ent_coef: float) -> dict:
-    """gae.ppo_loss's keyword arguments for this run."""
-    return dict(
-        clip_coef=args.clip_coef,
-        clip_vloss=args.clip_vloss,
-        ent_coef=ent_coef,
-        vf_coef=args.vf_coef,
-        norm_adv=args.norm_adv,
-    )
+    """gae.ppo_loss's keyword arguments for this run: the flags of the same names (and dppo_ray.py's --max-is-weight,
+    the cap of its decoupled loss's weight, where the script has it)."""
+    names = ["clip_coef", "clip_vloss", "vf_coef", "norm_adv", "max_is_weight"]
+    return {name: getattr(args, name) for name in names if hasattr(args, name)} | {"ent_coef": ent_coef}
 
 
 def start_fast_paths(learner: Learner, args: Args, numpy_acting: bool = True) -> None:
@@ -563,7 +513,7 @@ def start_fast_paths(learner: Learner, args: Args, numpy_acting: bool = True) ->
 def policy_weights(learner: Learner) -> dict[str, np.ndarray]:
     """What a sampler acts with: the numpy weights, the Agent's plain attributes (a flag set during the run, say), the
     observation statistics and which way to act."""
-    weights = unwrapped(learner.agent).numpy_weights()
+    weights = checkpoints.unwrapped(learner.agent).numpy_weights()
     weights["agent_attributes"] = checkpoints.agent_attributes(learner.agent)[0]
     weights["obs_mean"] = learner.obs_rms.mean.copy()
     weights["obs_var"] = learner.obs_rms.var.copy()
@@ -741,29 +691,13 @@ def load_policy(path: str) -> checkpoints.Policy:
 # ---------------------------------------------------------------------------------------------------------------------
 # Training: the algorithm box
 # ---------------------------------------------------------------------------------------------------------------------
-@dataclass
-class Run:
-    """A run: its flags, folder, envs, learner, counters and files."""
-
-    args: Args
-    run_dir: str
-    sampler: Sampler
-    learner: Learner
-    state: RunState
-    monitor: Monitor
-
-
-def sampler_seed(args: Args, ckpt: dict | None) -> int:
-    """The seed of a run's envs: --seed, moved on by the steps taken when resumed (a resumed run meets new episodes)."""
-    return args.seed + (int(ckpt["global_step"]) if ckpt else 0)
-
-
 def start_run(args: Args, ckpt: dict | None, device: torch.device, sampler: Sampler | None = None) -> Run:
     """A run's envs, learner (fresh or from its checkpoint), fast paths, run folder and TensorBoard writer.
     `sampler`: what steps the envs, this process's Sampler unless given (dppo_ray.py gives its rollout actors)."""
-    run_dir = run_folder(args)
-    if sampler is None:
-        sampler = Sampler(args.env_id, args.num_envs, sampler_seed(args, ckpt), args, os.path.join(run_dir, "videos"))
+    run_dir = run_management.run_folder(args)
+    if sampler is None:  # a resumed run's envs are seeded anew, moved on by its steps: they meet new episodes
+        seed = args.seed + (int(ckpt["global_step"]) if ckpt else 0)
+        sampler = Sampler(args.env_id, args.num_envs, seed, args, os.path.join(run_dir, "videos"))
     learner = make_learner(args, sampler.make_agent(), device)
     learner.agent.obs_layout = sampler.obs_layout
     box = isinstance(sampler.action_space, gym.spaces.Box)  # else dppo_ray.py's Discrete actions
@@ -773,7 +707,7 @@ def start_run(args: Args, ckpt: dict | None, device: torch.device, sampler: Samp
         state = restore_training(ckpt, learner, args.resume)
         sampler.rng_state = ckpt.get("sampler_rng")
     start_fast_paths(learner, args, numpy_acting=box)  # the numpy mirror computes a Gaussian
-    writer = tensorboard_writer(args, run_dir, state.global_step if args.resume else None)
+    writer = run_management.tensorboard_writer(args, run_dir, state.global_step if args.resume else None)
     monitor = Monitor(args, writer, state, sampler.spaces[1], learner.fast)
     return Run(args, run_dir, sampler, learner, state, monitor)
 
@@ -795,7 +729,7 @@ def sample_rollout(sampler: Sampler, num_steps: int) -> dict:
     state is whole: a checkpoint, and one line naming the exception and where it was raised (StopRun)."""
     try:
         return sampler.rollout(num_steps)
-    except (UsageError, NotImplementedError):  # the command line says these in words of their own (a policy's gap)
+    except (UsageError, NotImplementedError, StopRun, Interrupted):  # said in words of their own (cli, TrainingLoop)
         raise
     except Exception as e:  # noqa: BLE001 (said in one line; the run stops)
         where = traceback.extract_tb(e.__traceback__)[-1]
@@ -812,7 +746,7 @@ def rollout_batch(run: Run, rollout: dict) -> dict:
         writer.add_scalar("charts/episodic_length", episodic_length, state.global_step)
         state.recent_returns.append(float(episodic_return))
     update_statistics(rollout, learner, run.args)
-    return prepare_batch(learner, rollout, run.args)
+    return run.sampler.anchor(prepare_batch(learner, rollout, run.args), learner.agent)
 
 
 def log_update(run: Run, batch: dict, stats: dict, problem: str | None, ent_coef: float) -> None:
@@ -842,30 +776,21 @@ def training_loop(run: Run, loop: TrainingLoop) -> None:
         log_update(run, batch, stats, problem, ent_coef)
 
 
-def end_run(run: Run, status: str, keeps_state: bool, extra: dict | None = None) -> int:
-    """The last checkpoint (when the state is whole), the saved model, summary.json (with `extra`'s fields) and the
-    closing line; 1 when the saved model's evaluation failed, else 0."""
-    if keeps_state:
-        save_checkpoint(run)
-    script = sys.modules[type(unwrapped(run.learner.agent)).__module__]  # the file whose Agent acts in evaluation
-    eval_failed = finish_run(run.monitor, status, run.learner, run.state, script, extra)
-    run.sampler.close()
-    return eval_failed
-
-
 def train(args: Args) -> int:
     if args.ray_address:
         raise UsageError("--ray-address sends the seeds of --num-seeds to a cluster: give --num-seeds 2 or more")
     if args.num_seeds > 1:  # the launch at the top of this file takes it from the command line
         raise UsageError("--num-seeds launches a process per seed: run this file from the command line")
     ckpt = resume_checkpoint(args)
-    run = start_run(args, ckpt, seed_everything(args))
-    say_rounded_timesteps(args)
+    run = start_run(args, ckpt, run_management.seed_everything(args))
+    run_management.say_rounded_timesteps(args)
     with TrainingLoop(run.run_dir) as loop:
         if ckpt is None:
             warm_up(run)
         training_loop(run, loop)
-    eval_failed = end_run(run, loop.status, loop.keeps_state)
+    if loop.keeps_state:
+        save_checkpoint(run)
+    eval_failed = finish_run(run, loop.status)
     if loop.error:  # what stopped the run (StopRun), as its last line
         print(f"{PROG}: error: {loop.error}", file=sys.stderr)
     return loop.exit_status() or eval_failed

@@ -30,7 +30,6 @@ import torch
 import tyro
 from tqdm import tqdm
 
-import many_seeds
 from checkpoints import (
     MACHINE_FLAGS,
     PROG,
@@ -40,14 +39,16 @@ from checkpoints import (
     StopRun,
     UsageError,
     evaluate,
-    first_line,
     load_checkpoint,
     policy_state,
     resumed_args,
     run_eval_checkpoint,
     save_atomic,
+    unwrapped,
 )
-from many_seeds import file_sha256, package_version, run_environment
+from launcher import command_flags
+from run_record import PROGRESS_FD, file_sha256, first_line, package_version, run_environment, sturdy_console
+from stop_signals import STOP_SIGNALS, TwoStageStop, signal_name, take_back_stop_signals
 
 
 def distribution_gap(e: NotImplementedError) -> DistributionGap | None:
@@ -247,11 +248,7 @@ def tensorboard_writer(args, run_dir: str, resumed_at: int | None):
     return writer
 
 
-# The signals that stop a run after its iteration, with a checkpoint (SIGHUP where the OS has it)
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else []))
-
-
-class TrainingLoop:
+class TrainingLoop(TwoStageStop):
     """The context the training loop runs in, and how it ended (`status`, `exit_status()`).
 
     Ctrl-C (SIGINT) or a cluster's preemption (SIGTERM) sets `signum`: the loop finishes its iteration and stops, a
@@ -266,38 +263,29 @@ class TrainingLoop:
     run waited for its data) ends the iteration under way before its update, as "interrupted" with a checkpoint."""
 
     def __init__(self, run_dir: str):
+        super().__init__(self.stop_after_iteration)  # a second SIGINT or SIGTERM raises KeyboardInterrupt
         self.run_dir = run_dir
-        self.signum = None
         self.status = "running"
         self.hard = False
         self.error: str | None = None
 
     def __enter__(self):
-        for signum in STOP_SIGNALS:
-            if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored (answer_stop_signals)
-                signal.signal(signum, self.stop_after_iteration)
-        return self
+        # nohup's SIGHUP stays ignored (take_back_stop_signals leaves it so)
+        self.signals = [signum for signum in STOP_SIGNALS if signal.getsignal(signum) is not signal.SIG_IGN]
+        return super().__enter__()
 
-    def stop_after_iteration(self, signum, frame):
+    def stop_after_iteration(self, signum: int) -> None:
         if hasattr(signal, "SIGHUP"):  # from now on, to the end of the process: stopping already
             signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        if signum != signal.SIGINT and signum != signal.SIGTERM and self.signum is not None:
-            return
-        self.signum = signum
-        for s in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(s, self.stop_now)
-        name = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}.get(
-            signum, "SIGHUP (its terminal or launcher went)"
-        )
+        name = signal_name(signum)
+        if name == "SIGHUP":
+            name += " (its terminal or launcher went)"
         tqdm.write(
             f"{PROG}: {name}: saving a checkpoint after this iteration (signal again to quit now)", file=sys.stderr
         )
 
-    def stop_now(self, signum, frame):
-        self.signum = signum
-        raise KeyboardInterrupt
-
     def __exit__(self, exc_type, exc, traceback) -> bool:
+        super().__exit__(exc_type, exc, traceback)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if hasattr(signal, "SIGHUP"):  # the run's last files are written whatever its terminal or launcher does
@@ -360,13 +348,13 @@ def health_warnings(history: dict[str, list[float]], warmed_up: bool, act_dim: i
 
 
 def progress_channel():
-    """The pipe a launcher of several seeds (many_seeds.py) reads this run's progress from, named by $PPO_PROGRESS_FD;
+    """The pipe a launcher of several seeds (launcher.py) reads this run's progress from, named by $PPO_PROGRESS_FD;
     None when there is none. Taken out of the environment, so that a process this run starts does not write to it.
     Such a run's console is a pipe to the launcher: made sturdy, so that a launcher killed mid-run does not stop the
     run before its checkpoint (its SIGTERM comes, and its lines then go nowhere)."""
-    fd = os.environ.pop("PPO_PROGRESS_FD", None)
+    fd = os.environ.pop(PROGRESS_FD, None)
     if fd:
-        many_seeds.sturdy_console()
+        sturdy_console()
     try:
         return os.fdopen(int(fd), "w", buffering=1) if fd else None
     except (OSError, ValueError):
@@ -485,7 +473,19 @@ def say_rounded_timesteps(args) -> None:
 
 
 def check_run_flags(args) -> None:
-    """The flags of a run's files, videos and resuming, and of --num-seeds' processes: one UsageError each."""
+    """Each flag's range, and the flags of a run's files, videos and resuming and of --num-seeds' processes: one
+    UsageError each."""
+    positive = ["total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"]
+    positive += ["guard_patience", "torch_threads", "learning_rate", "clip_coef", "obs_clip", "reward_clip"]
+    require_positive(args, [*positive, "guard_max_abs", "num_seeds"])
+    if not 0 < args.gamma <= 1 or not 0 <= args.gae_lambda <= 1:
+        raise UsageError(f"--gamma must be in (0, 1] and --gae-lambda in [0, 1], got {args.gamma}, {args.gae_lambda}")
+    if args.target_kl is not None and not args.target_kl > 0:
+        raise UsageError(f"--target-kl must be positive (or None), got {args.target_kl}")
+    if args.seed < 0:
+        raise UsageError(f"--seed must be >= 0 (numpy's and gymnasium's seeds are), got {args.seed}")
+    if args.obs_warmup_steps < 0:
+        raise UsageError(f"--obs-warmup-steps must be >= 0, got {args.obs_warmup_steps}")
     if args.upload_model:
         raise UsageError(
             "--upload-model (CleanRL's upload to the Hugging Face Hub) is not supported here: save the model with "
@@ -497,6 +497,16 @@ def check_run_flags(args) -> None:
         raise UsageError("--checkpoint-every and --seed-processes must be >= 0")
     if args.resume and args.eval_checkpoint:
         raise UsageError("--resume and --eval-checkpoint do not fit together: evaluate or train, not both")
+
+
+def box_spaces(env_id: str, env: gym.Env) -> tuple[int, int]:
+    """(obs_dim, action_dim) of an env with a flat Box observation and Box actions, or a UsageError."""
+    observation_space, action_space = env.observation_space, env.action_space
+    if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
+        raise UsageError(f"{env_id} has a {action_space} action space; {PROG} needs a continuous (Box) one")
+    if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
+        raise UsageError(f"{env_id} has observation space {observation_space}; a Box, Dict or Tuple is needed")
+    return observation_space.shape[0], action_space.shape[0]
 
 
 def require_moviepy() -> None:
@@ -519,10 +529,25 @@ def require_positive(args, names: list[str]) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 # The end of a run and the command line
 # ---------------------------------------------------------------------------------------------------------------------
-def finish_run(monitor: Monitor, status: str, learner, state: RunState, script, extra: dict | None = None) -> int:
-    """After training: the final model and its evaluation (with --save-model, when the run completed), summary.json
-    (with a script's `extra` fields), and the closing line. Returns 1 when the saved model could not be evaluated (the
-    files and the closing line are written all the same), else 0."""
+@dataclasses.dataclass
+class Run:
+    """A run of either script: its flags, folder, sampler (ppo_continuous.py's envs or dppo_ray.py's actors), learner,
+    counters and files (ppo_continuous.start_run)."""
+
+    args: object
+    run_dir: str
+    sampler: object
+    learner: object
+    state: RunState
+    monitor: Monitor
+
+
+def finish_run(run: Run, status: str, extra: dict | None = None) -> int:
+    """After training (and its last checkpoint): the final model and its evaluation (with --save-model, when the run
+    completed), summary.json (with a script's `extra` fields), the closing line, and the sampler closed. Returns 1
+    when the saved model could not be evaluated (the files and the closing line are written all the same), else 0."""
+    monitor, learner, state = run.monitor, run.learner, run.state
+    script = sys.modules[type(unwrapped(learner.agent)).__module__]  # the file whose Agent acts in evaluation
     evaluation = {}
     if status == "completed" and monitor.args.save_model:
         evaluation = save_final_model(monitor, learner, state, script)
@@ -530,6 +555,7 @@ def finish_run(monitor: Monitor, status: str, learner, state: RunState, script, 
     write_summary(monitor, status, learner, state, (extra or {}) | evaluation)
     monitor.writer.close()
     print(closing_line(monitor, status, state), flush=True)
+    run.sampler.close()
     return 1 if "eval_error" in evaluation else 0
 
 
@@ -602,27 +628,14 @@ def closing_line(monitor: Monitor, status: str, state: RunState) -> str:
     return line
 
 
-def answer_stop_signals() -> None:
-    """Ctrl-C and SIGTERM reach the run however its parent started it. A shell script's background job (`python
-    ppo_continuous.py ... &`) starts with SIGINT ignored, and a child of a Ray worker with it blocked; both survive
-    exec, and Ctrl-C while the run starts would go unheard (the training loop takes the signals over once it begins).
-    SIGHUP is left as given: nohup's run outlives its terminal."""
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGTERM])
-
-
 def cli(args_type: type, validate, train, script, machine_flags: set[str] = MACHINE_FLAGS, refused=None) -> int:
     """Parse the flags, then train or evaluate; bad input is one line on stderr and exit status 2. `script`: the
     module whose Agent a checkpoint to evaluate was trained with. `machine_flags`: the flags of the machine, which a
     resumed run may change (checkpoints.MACHINE_FLAGS and a script's own ways of using the machine). `refused`:
     {flag: why} for flags of a CleanRL command line that the script has no field for, each refused in one line
     rather than by the parser's usage message."""
-    answer_stop_signals()
-    for item in sys.argv[1:]:
-        flag = item.partition("=")[0].replace("_", "-")
+    take_back_stop_signals()  # else Ctrl-C while the run starts could go unheard (the training loop takes them after)
+    for flag in command_flags(sys.argv[1:]):
         if flag in (refused or {}):
             print(f"{PROG}: error: {flag} {refused[flag]}", file=sys.stderr)
             return 2

@@ -15,7 +15,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from many_seeds import cpu_model, package_version  # noqa: E402, F401 (one definition: what a run records)
+from run_record import cpu_model, last_line, package_version  # noqa: E402, F401 (one definition of each)
 
 RESULTS_DIR = os.path.join(REPO, "benchmarks", "results")  # committed tables and plots (--update-committed)
 LOCAL_RESULTS_DIR = os.path.join(RESULTS_DIR, "local")  # git-ignored; each run gets a new <UTC date-time> folder in it
@@ -159,8 +159,7 @@ def timed_subprocess(
         raise BenchError(f"{name} could not start: {e}  [command: {shlex.join(cmd)}]") from None
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
-        lines = [line for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
-        last = lines[-1].strip() if lines else "(no output)"
+        last = last_line(proc.stderr or proc.stdout) or "(no output)"
         raise BenchError(f"{name} failed (exit {proc.returncode}): {last}  [command: {shlex.join(cmd)}]")
     return proc.stdout, seconds
 

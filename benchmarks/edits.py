@@ -13,7 +13,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 MODULES = [
     "ppo_continuous.py",
-    "many_seeds.py",
+    "launcher.py",
+    "ray_cluster.py",
+    "run_record.py",
+    "seed_statistics.py",
+    "stop_signals.py",
     "dppo_ray.py",
     "gae.py",
     "fast_paths.py",
@@ -472,10 +476,11 @@ SEED_EDITS = {
     ],
 }
 
-# Edits of the training loop's steps, made together in one copy (tests/test_edits.py): a scalar logged in log_update,
-# a batch changed in rollout_batch (zero advantages: the policy loss is 0 in every update) and a field added to the
-# checkpoint in save_checkpoint. dppo_ray.py's learner runs these steps too, so each shows in its runs as in the
-# single run's.
+# Edits of the training loop and its steps, made together in one copy (tests/test_edits.py): a scalar logged in
+# log_update, one in rollout_batch, and one in training_loop itself, which also changes the batch before the update
+# (zero advantages: the policy loss is 0 in every update); a line printed by the rollout's wrapper, sample_rollout;
+# a field added to the checkpoint in save_checkpoint. dppo_ray.py's learner runs this loop, so each shows in its runs
+# as in the single run's.
 LOOP_EDITS = {
     "loop_steps": [
         (
@@ -486,10 +491,23 @@ LOOP_EDITS = {
         ),
         (
             "ppo_continuous.py",
-            "    return prepare_batch(learner, rollout, run.args)\n",
-            "    batch = prepare_batch(learner, rollout, run.args)\n"
-            '    batch["advantages"] = torch.zeros_like(batch["advantages"])\n'
-            "    return batch\n",
+            "    update_statistics(rollout, learner, run.args)\n",
+            '    writer.add_scalar("charts/edited_rollout_steps", int(rollout["env_steps"]), state.global_step)\n'
+            "    update_statistics(rollout, learner, run.args)\n",
+        ),
+        (
+            "ppo_continuous.py",
+            "        stats, problem = ppo_update(run.learner, batch, args, loss_settings(args, ent_coef), iteration)\n",
+            '        run.monitor.writer.add_scalar("charts/edited_loop_iteration", iteration, run.state.global_step)\n'
+            '        batch["advantages"] = torch.zeros_like(batch["advantages"])\n'
+            "        stats, problem = ppo_update(run.learner, batch, args, loss_settings(args, ent_coef), iteration)\n",
+        ),
+        (
+            "ppo_continuous.py",
+            "        return sampler.rollout(num_steps)\n",
+            "        rollout = sampler.rollout(num_steps)\n"
+            "        print(f\"edited rollout wrapper: {rollout['env_steps']} steps\", file=sys.stderr, flush=True)\n"
+            "        return rollout\n",
         ),
         (
             "ppo_continuous.py",

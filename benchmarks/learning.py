@@ -27,7 +27,7 @@ included). Otherwise --run refuses in one line naming the first difference, or w
 The tables give each row's code and say so when the runs mix versions.
 --run trains what is missing: --jobs single-process runs (ppo, sb3) at a time, then each DPPO run alone; with
 --ray-address, every run at once as a Ray task on a cluster's nodes, each run's folder coming back here
-(many_seeds.run_on_cluster). --grid makes configurations of the trainers' flags; each is a row of the tables. --python
+(ray_cluster.run_on_cluster). --grid makes configurations of the trainers' flags; each is a row of the tables. --python
 runs ppo and DPPO in another venv's interpreter: dm_control's envs need mujoco 3.x, in the venv that
 benchmarks/requirements-dm_control.txt describes. This file trains; learning_report.py reads the runs and writes the
 tables and plots.
@@ -41,7 +41,6 @@ import itertools
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -60,7 +59,11 @@ from common import (
 )
 from learning_report import TARGETS, plot_curves, plot_grid, read_curve, report_lines, summarize_runs
 
-from many_seeds import LaunchError, file_sha256, pack_folder, run_on_cluster  # common put the repository on the path
+# common put the repository on the path
+from launcher import command_flags
+from ray_cluster import ClusterError, pack_folder, run_on_cluster
+from run_record import file_sha256, last_line
+from stop_signals import take_back_stop_signals
 
 # The trainers --run starts besides SB3: script and flags, from the repository root.
 COMMANDS = {
@@ -73,7 +76,7 @@ COMMANDS = {
 def run_missing(cfg: argparse.Namespace) -> None:
     """Train every run that is not done. Locally: --jobs single-process runs (ppo, sb3) at a time, then each DPPO run
     with the machine to itself (its actors and learner use every core). With --ray-address: all of them at once, as
-    Ray tasks on the cluster (many_seeds.run_on_cluster)."""
+    Ray tasks on the cluster (ray_cluster.run_on_cluster)."""
     missing = missing_runs(cfg)
     if cfg.ray_address:
         if cfg.storage:
@@ -81,9 +84,9 @@ def run_missing(cfg: argparse.Namespace) -> None:
         jobs = [cluster_job(cfg, *run) for run in missing]
         try:
             statuses, stopped = run_on_cluster(
-                jobs, cfg.ray_address, cfg.runs_root, REPO, cfg.max_retries, describe=curve_ending, prog="learning.py"
+                jobs, cfg.ray_address, cfg.runs_root, REPO, cfg.max_retries, prog="learning.py"
             )
-        except LaunchError as e:
+        except ClusterError as e:
             raise BenchError(str(e)) from None
         if stopped is not None:  # the runs in flight came back with their checkpoints: the same command resumes them
             raise KeyboardInterrupt
@@ -157,19 +160,11 @@ def expected_command(cfg: argparse.Namespace, run: tuple) -> list[str]:
     return trainer_argv(cfg, run, "", "new", "")
 
 
-def command_flags(command: list[str]) -> dict[str, str]:
-    """{--flag: value} of a command line's --flag=value, --flag value and --switch items, less WHERE_FLAGS."""
-    flags = {}
-    items = command[1:]
-    for index, item in enumerate(items):
-        if not item.startswith("--"):
-            continue  # the value of the flag before it
-        key, sep, value = item.partition("=")
-        if not sep and index + 1 < len(items) and not items[index + 1].startswith("--"):
-            sep, value = "=", items[index + 1]
-        if key not in WHERE_FLAGS:
-            flags[key] = value if sep else "(set)"
-    return flags
+def compared_flags(command: list[str]) -> dict[str, str]:
+    """{--flag: value} of a command line (its script, then its flags; launcher.command_flags reads them), less
+    WHERE_FLAGS; a switch's value is "(set)"."""
+    flags = command_flags(command[1:])
+    return {flag: "(set)" if value is None else value for flag, value in flags.items() if flag not in WHERE_FLAGS}
 
 
 # What a resume may say besides its checkpoint: learning.py's own resumes add --num-seeds=1 (and WHERE_FLAGS).
@@ -201,14 +196,14 @@ def run_difference(folder: str, expected: list[str], environment: dict) -> str |
         return "records no module hashes or versions (made before runs recorded them)"
     if os.path.basename(record["command"][0]) != expected[0]:
         return f"was run by {os.path.basename(record['command'][0])}, not {expected[0]}"
-    ran, asked = command_flags(record["command"]), command_flags(expected)
+    ran, asked = compared_flags(record["command"]), compared_flags(expected)
     for flag in [*asked, *(f for f in ran if f not in asked)]:
         if not same_value(ran.get(flag), asked.get(flag)):
             was = f"{flag}={ran[flag]}" if flag in ran else f"no {flag}"
             now = f"{flag}={asked[flag]}" if flag in asked else f"no {flag}"
             return f"was run with {was}, this sweep asks {now}"
     for resume in record.get("resumes", []):
-        for flag, value in command_flags(resume["command"]).items():
+        for flag, value in compared_flags(resume["command"]).items():
             if flag not in RESUME_FLAGS and not same_value(value, ran.get(flag)):
                 return f"was resumed with {flag}={value} (by hand: it is no longer the run its command says)"
     for entry in entries:
@@ -230,12 +225,12 @@ def run_difference(folder: str, expected: list[str], environment: dict) -> str |
 
 @functools.cache
 def expected_environment(python: str) -> dict:
-    """many_seeds.run_environment() as the interpreter `python` reports it: what its runs would record."""
-    code = f"import json, sys; sys.path.insert(0, {REPO!r}); import many_seeds as r; "
+    """run_record.run_environment() as the interpreter `python` reports it: what its runs would record."""
+    code = f"import json, sys; sys.path.insert(0, {REPO!r}); import run_record as r; "
     code += "print(json.dumps(r.run_environment()))"
     result = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300)
     if result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        last = last_line(result.stderr) or "no output"
         raise BenchError(f"--python {python} cannot report its versions ({last})")
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -245,14 +240,8 @@ def run_python(cfg: argparse.Namespace, impl: str) -> str:
     return sys.executable if impl == "sb3" else cfg.python
 
 
-def curve_ending(folder: str) -> str:
-    """How a run that came back from the cluster ended, in words: the last point of its curve."""
-    curve = read_curve(folder)
-    return f"return {curve[2][-1]:.1f}" if curve is not None else "no episode finished"
-
-
 def cluster_job(cfg: argparse.Namespace, label: str, impl: str, config: dict, env_id: str, seed: int, status: str):
-    """A run as many_seeds.run_on_node takes it. Its paths are relative: the script's to the repo that Ray uploads, the
+    """A run as ray_cluster.run_on_node takes it. Its paths are relative: the script's to the repo that Ray uploads, the
     run folder's to the node's working folder. The run's commands for a fresh start and for resuming: the node picks
     one by what it finds in the folder."""
     run_name = os.path.join(cfg.group, label, f"{env_id}__{seed}")
@@ -398,7 +387,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--ray-address",
         default=None,
         help="with --run: send every run to the Ray cluster at this address (auto, or host:port) as a Ray task, "
-        "spread over its nodes; each run's folder comes back into --runs-root (many_seeds.run_on_cluster)",
+        "spread over its nodes; each run's folder comes back into --runs-root (ray_cluster.run_on_cluster)",
     )
     p.add_argument(
         "--storage",
@@ -455,12 +444,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if cfg.storage and not cfg.ray_address:
         p.error("--storage is where cluster runs write: use it with --ray-address")
     if cfg.storage:
-        if any(a == "--runs-root" or a.startswith("--runs-root=") for a in argv):
+        if "--runs-root" in command_flags(argv):
             p.error("--storage sets the runs folder (<storage>/runs): leave out --runs-root")
         if cfg.quick:
             p.error("--quick trains in a temporary folder of this machine: leave out --storage")
         cfg.runs_root = os.path.join(cfg.storage, "runs")
-    cfg.python_given = "--python" in argv or any(a.startswith("--python=") for a in argv)
+    cfg.python_given = "--python" in command_flags(argv)
     if shutil.which(cfg.python) is None:
         p.error(f"--python {cfg.python}: no such executable")
     cfg.python = os.path.abspath(shutil.which(cfg.python))  # the runs start elsewhere; a venv's link must stay a link
@@ -613,7 +602,7 @@ def use_quick_settings(cfg: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # Ctrl-C (or kill -INT) stops the runs even when a parent started this with SIGINT ignored (nohup, `&` in a script)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    take_back_stop_signals()
     cfg = parse_args(argv)
     if cfg.quick:
         use_quick_settings(cfg)

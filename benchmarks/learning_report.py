@@ -7,13 +7,14 @@ import argparse
 import glob
 import itertools
 import json
-import math
 import os
 import time
 from collections import deque
 
 import numpy as np
 from common import REPO, pyplot, timed_subprocess
+
+from seed_statistics import permutation_floor, permutation_pvalue, sample_std, welch_interval  # common: on the path
 
 TARGETS = {
     "HalfCheetah-v5": 1500.0,
@@ -104,11 +105,6 @@ def run_codes(entries: list[dict]) -> list[str]:
     return list(dict.fromkeys(e["code"]["scripts_sha256"][:12] for e in entries)) if entries else ["unrecorded"]
 
 
-def sample_std(values: list[float]) -> float:
-    """The sample standard deviation (n - 1 in the denominator): every table's ± over seeds. 0 for one seed."""
-    return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
-
-
 def summary_row(env_id: str, impl: str, runs: list[tuple], target: float | None, codes: list[str]) -> dict:
     """A row of the first table: final return over the seeds' `runs` (read_curve's curves), when each run first
     reached `target`, in env steps and in seconds, and the code (run_codes) the seeds were trained by."""
@@ -150,44 +146,6 @@ def summarize_runs(cfg: argparse.Namespace) -> tuple[dict, list[dict]]:
         rows[-1]["entries"] = [entry for entries in records for entry in entries]
         rows[-1]["unrecorded"] = sum(not entries for entries in records)
     return curves, rows
-
-
-def permutation_pvalue(a: list[float], b: list[float]) -> float:
-    """Two-sided exact permutation test of a difference in means: the share of all ways to split the pooled seeds
-    into groups of len(a) and len(b) whose difference in means is at least as large as the observed one. It assumes
-    nothing about the distribution of returns, which matters with 2 to 5 seeds and Hopper's occasional collapses."""
-    pooled = np.asarray(list(a) + list(b), dtype=np.float64)
-    observed = abs(np.mean(a) - np.mean(b))
-    splits = list(itertools.combinations(range(len(pooled)), len(a)))
-    extreme = 0
-    for chosen in splits:
-        mask = np.zeros(len(pooled), dtype=bool)
-        mask[list(chosen)] = True
-        # a small tolerance so that splits tying the observed difference count despite rounding
-        extreme += abs(pooled[mask].mean() - pooled[~mask].mean()) >= observed - 1e-9 * max(1.0, observed)
-    return extreme / len(splits)
-
-
-def permutation_floor(n_a: int, n_b: int) -> float:
-    """The smallest two-sided p that permutation_pvalue can give with these seed counts: the most extreme split is
-    1 of C(n_a + n_b, n_a), and with equal groups its mirror image ties it. 0.10 with 3 + 3 seeds, 0.029 with 4 + 4."""
-    return (2 if n_a == n_b else 1) / math.comb(n_a + n_b, n_a)
-
-
-def welch_interval(a: list[float], b: list[float], level: float = 0.95) -> tuple[float, float]:
-    """Welch's t-interval of mean(a) - mean(b): each group's own sample variance, Welch-Satterthwaite's degrees of
-    freedom. With 3 to 5 seeds a side it is wide, as it should be; a percentile bootstrap over so few seeds is not."""
-    from scipy import stats
-
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    difference = float(a.mean() - b.mean())
-    var_a, var_b = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    se = math.sqrt(var_a + var_b)
-    if se == 0.0:
-        return difference, difference
-    dof = se**4 / (var_a**2 / (len(a) - 1) + var_b**2 / (len(b) - 1))
-    half = float(stats.t.ppf(0.5 + level / 2, dof)) * se
-    return difference - half, difference + half
 
 
 def fmt_reach(values: list[float | None], unit: str) -> str:

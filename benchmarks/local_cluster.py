@@ -14,6 +14,10 @@ import signal
 import subprocess
 import sys
 
+import common  # noqa: F401 (it puts the repository on the path)
+
+from stop_signals import take_back_stop_signals
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
@@ -25,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("command", nargs=argparse.REMAINDER, help="after --: the command to run, with {address}")
     args = p.parse_args(argv)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started with SIGINT ignored
+    take_back_stop_signals()  # Ctrl-C stops the command and the nodes also when this was started with SIGINT ignored
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     cpus = args.cpus * args.nodes if len(args.cpus) == 1 else args.cpus
     if args.nodes < 1 or len(cpus) != args.nodes or min(cpus) < 0 or not command:

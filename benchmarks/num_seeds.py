@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import os
 import statistics
 import subprocess
@@ -28,7 +27,10 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from common import REPO
+
+from run_record import final_return, run_summary  # common put the repository on the path
+
 SCRIPT = os.path.join(REPO, "ppo_continuous.py")
 
 
@@ -91,13 +93,13 @@ def by_hand(cfg: argparse.Namespace, folder: str, seeds: list[int], at_once: int
 
 
 def final_returns(folder: str, seeds: list[int]) -> list[float]:
+    """Each seed's final return (its summary.json's), once every seed has completed."""
     returns = []
     for seed in seeds:
-        with open(os.path.join(folder, "runs", f"t__{seed}", "summary.json")) as f:
-            summary = json.load(f)
-        if summary["status"] != "completed":
-            raise SystemExit(f"num_seeds.py: error: seed {seed} ended {summary['status']}")
-        returns.append(summary["mean_return_last_episodes"])
+        summary = run_summary(os.path.join(folder, "runs", f"t__{seed}"))
+        if summary.get("status") != "completed":
+            raise SystemExit(f"num_seeds.py: error: seed {seed} ended {summary.get('status', 'without a summary')}")
+        returns.append(final_return(summary))
     return returns
 
 

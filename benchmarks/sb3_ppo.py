@@ -130,6 +130,10 @@ def main() -> None:
     returns = [ep["r"] for ep in list(model.ep_info_buffer)[-100:]]
     mean_return = float(np.mean(returns)) if returns else None
     env.close()
+    if args.tb_log is not None:  # summary.json, as the trainers write it: how the run ended and its final return
+        summary = {"status": "completed", "env_steps": model.num_timesteps, "mean_return_last_episodes": mean_return}
+        with open(os.path.join(args.tb_log, "summary.json"), "w") as f:
+            json.dump({**summary, "num_last_episodes": len(returns)}, f, indent=2)
 
     print(
         json.dumps(

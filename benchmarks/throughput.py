@@ -60,6 +60,8 @@ from common import (
 from edits import edited_copy
 from throughput_report import results_header, write_report
 
+from run_record import first_line  # common put the repository on the path
+
 PROG = "throughput.py"
 
 QUICK = {"envs": ["HalfCheetah-v5"], "total_timesteps": 4096, "repeats": 1, "num_steps": 1024, "num_minibatches": 16}
@@ -196,7 +198,7 @@ def run_raw(env_id: str, seed: int, cfg) -> Result:
     try:
         env = gym.make(env_id)
     except Exception as e:  # gymnasium raises several kinds (NameNotFound, ImportError, ...)
-        raise BenchError(f"raw: cannot make env '{env_id}': {str(e).splitlines()[0]}") from None
+        raise BenchError(f"raw: cannot make env '{env_id}': {first_line(e)}") from None
     space = env.action_space
     rng = np.random.default_rng(seed)
     actions = rng.uniform(space.low, space.high, size=(steps, *space.shape)).astype(space.dtype)

@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 
 def test_permutation_pvalue_against_hand_counts():
-    from learning_report import permutation_pvalue
+    from seed_statistics import permutation_pvalue
 
     # [1, 2] against [3, 4]: of the 6 ways to split {1, 2, 3, 4} in two pairs, only {1,2}|{3,4} and {3,4}|{1,2} differ
     # in mean by 2 or more.

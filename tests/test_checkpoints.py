@@ -127,13 +127,19 @@ def test_resume_from_checkpoint_of_another_env_is_refused(tmp_path):
 # ---------------------------------------------------------------------------------------------------------------------
 LAYERS = {
     "gae": 0,
+    "run_record": 0,
+    "stop_signals": 0,
+    "seed_statistics": 0,
+    "ray_cluster": 1,
+    "launcher": 2,
     "checkpoints": 1,
     "fast_paths": 2,
-    "run_management": 2,
-    "many_seeds": 0,
+    "run_management": 3,
     "ppo_continuous": 4,
     "dppo_ray": 5,
 }
+# The modules the launcher runs on: the standard library and these of the repository's (no torch, no numpy)
+STANDARD_LIBRARY_ONLY = ("run_record", "stop_signals", "seed_statistics", "ray_cluster", "launcher")
 
 
 def repository_imports(module: str) -> set[str]:
@@ -152,12 +158,15 @@ def repository_imports(module: str) -> set[str]:
 
 
 def test_each_module_imports_only_the_layers_below_it():
-    """gae, many_seeds <- checkpoints <- fast_paths, run_management <- ppo_continuous <- dppo_ray: no circles, and a
-    module that needs a script's code (checkpoints rebuilding an Agent) is handed the script's module instead of
-    importing it. many_seeds imports none of the repository's modules: it launches the script as processes."""
+    """gae, run_record, stop_signals, seed_statistics <- checkpoints, ray_cluster <- fast_paths, launcher <-
+    run_management <- ppo_continuous <- dppo_ray: no circles, and a module that needs a script's code (checkpoints
+    rebuilding an Agent) is handed the script's module instead of importing it. The launcher and the Ray runner import
+    only standard-library modules of the repository's: they start the script as processes, before torch."""
     upward = {
         module: sorted(name for name in repository_imports(module) if LAYERS[name] >= LAYERS[module])
         for module in LAYERS
     }
     assert upward == {module: [] for module in LAYERS}
     assert repository_imports("dppo_ray") >= {"ppo_continuous", "checkpoints", "run_management"}, "the check sees them"
+    for module in STANDARD_LIBRARY_ONLY:
+        assert repository_imports(module) <= set(STANDARD_LIBRARY_ONLY), module

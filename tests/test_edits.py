@@ -249,9 +249,10 @@ def test_dppo_trains_the_edited_network_too(tmp_path, edit):
 
 @pytest.mark.slow
 def test_an_edit_of_the_loop_steps_reaches_dppo_sync_and_async(tmp_path):
-    """benchmarks/edits.py's LOOP_EDITS (a scalar in log_update, zero advantages in rollout_batch, a checkpoint field
-    in save_checkpoint), made in ppo_continuous.py only: dppo_ray.py's learner runs those steps, so every edit shows in
-    its sync and async runs as in the single run's."""
+    """benchmarks/edits.py's LOOP_EDITS (a scalar in log_update and one in rollout_batch; a scalar and zero
+    advantages in training_loop; a line from the rollout's wrapper; a checkpoint field in save_checkpoint), made in
+    ppo_continuous.py only: dppo_ray.py's learner runs that loop, so every edit shows in its sync and async runs as in
+    the single run's. An async update may also count the steps of rollouts it dropped as too stale."""
     folder = edited_copy(tmp_path, "loop_steps")
     common = ["--env-id", "Pendulum-v1", "--num-minibatches", "4", "--update-epochs", "2", "--quiet", "--no-compile"]
     dppo = ["--no-ray", "--num-actors", "2", "--num-steps", "128", "--total-timesteps", "768"]
@@ -269,6 +270,11 @@ def test_an_edit_of_the_loop_steps_reaches_dppo_sync_and_async(tmp_path):
         assert process.returncode == 0, f"{name}: {stderr[-3000:]}"
         events = tensorboard_events(folder / "runs" / name)
         assert [e.value for e in events.Scalars("charts/edited_scalar")] == [7.0] * 3, name
+        assert [e.value for e in events.Scalars("charts/edited_loop_iteration")] == [1.0, 2.0, 3.0], name
         assert [e.value for e in events.Scalars("losses/policy_loss")] == [0.0] * 3, name
+        rollout_steps = [e.value for e in events.Scalars("charts/edited_rollout_steps")]
+        wrapper_steps = [int(line.split()[-2]) for line in stderr.splitlines() if "edited rollout wrapper:" in line]
+        assert wrapper_steps == rollout_steps and len(rollout_steps) == 3, (name, rollout_steps, wrapper_steps)
+        assert all(steps == 256 if name != "async" else steps >= 256 for steps in rollout_steps), name
         ckpt = torch.load(folder / "runs" / name / "checkpoint.pt", weights_only=False)
         assert ckpt["iteration"] == 3 and ckpt["edited_field"] == 3, name

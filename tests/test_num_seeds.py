@@ -1,4 +1,4 @@
-"""--num-seeds N: N single runs of the script as it was invoked, each a process of its own (many_seeds.py).
+"""--num-seeds N: N single runs of the script as it was invoked, each a process of its own (launcher.py).
 
 Each seed is the command its run.json records, so each seed is that single run bit for bit: every TensorBoard scalar
 (but charts/SPS, a wall-clock rate) and the final checkpoint's weights equal, with exact equality, for the stock script
@@ -22,7 +22,9 @@ import numpy as np
 import pytest
 import torch
 
-import many_seeds
+import launcher
+import seed_statistics
+from run_record import SturdyStream
 from tests.conftest import (
     PPO_SCRIPT,
     REPO,
@@ -124,7 +126,7 @@ def test_each_seed_is_its_single_run_bit_for_bit_and_writes_what_it_writes(tmp_p
     finals = [
         json.loads((runs / f"s__{s}" / "summary.json").read_text())["mean_return_last_episodes"] for s in (1, 2, 3)
     ]
-    mean, std, (low, high) = many_seeds.mean_std_interval(finals)
+    mean, std, (low, high) = seed_statistics.mean_std_interval(finals)
     assert f"mean {mean:.2f} over 3 seeds, std {std:.2f}, 95% t-interval [{low:.2f}, {high:.2f}]" in together.stdout
     assert "tensorboard --logdir_spec seed1:runs/s__1,seed2:runs/s__2,seed3:runs/s__3" in together.stdout
     for seed, final in zip((1, 2, 3), finals):
@@ -240,7 +242,7 @@ def test_sigterm_checkpoints_every_running_seed_starts_no_new_one_and_resume_con
     resumes = json.loads((tmp_path / "runs" / "c__1" / "run.json").read_text())["resumes"]
     assert len(resumes) == 1 and resumes[0]["at_step"] == steps[0]
     seed3 = recorded_command(tmp_path / "runs" / "c__3")  # the launch's flags, with its own seed and folder
-    assert [many_seeds.flag_value(seed3, flag) for flag in ("--seed", "--run-name", "--total-timesteps")] == [
+    assert [launcher.flag_value(seed3, flag) for flag in ("--seed", "--run-name", "--total-timesteps")] == [
         "3",
         "c__3",
         str(total),
@@ -312,7 +314,7 @@ def test_flags_that_do_not_fit_are_one_line_said_once_and_the_launcher_imports_n
         "--seed 1 --num-seeds 3, or start them afresh with --overwrite"
     ) in taken.stderr
     imported = [line.split("|")[-1].strip() for line in taken.stderr.splitlines() if line.startswith("import time:")]
-    assert "many_seeds" in imported and "torch" not in imported and "numpy" not in imported
+    assert "launcher" in imported and "torch" not in imported and "numpy" not in imported
     refused = [
         (run_ppo(["--num-seeds", "0"], tmp_path), "ppo_continuous.py: error: --num-seeds must be positive, got 0"),
         (run_ppo(["--num-seeds", "2", "--eval-checkpoint", "m"], tmp_path), "--eval-checkpoint evaluates one policy"),
@@ -338,7 +340,7 @@ def test_seeds_on_a_ray_cluster_of_two_nodes_stop_with_checkpoints_come_home_and
     checkpoint, and every folder comes home; --resume continues all three on the cluster, and they come home done."""
     import tempfile
 
-    from many_seeds import WORK_PREFIX
+    from ray_cluster import WORK_PREFIX
     from tests.test_sweeps import tagged_cluster
 
     cluster = tagged_cluster(monkeypatch, 2)
@@ -373,7 +375,7 @@ def test_seeds_on_a_ray_cluster_of_two_nodes_stop_with_checkpoints_come_home_and
             folder = tmp_path / "runs" / f"k__{seed}"
             summary = json.loads((folder / "summary.json").read_text())
             assert summary["status"] == "completed" and summary["env_steps"] == total
-            assert many_seeds.flag_value(recorded_command(folder), "--seed") == str(seed)
+            assert launcher.flag_value(recorded_command(folder), "--seed") == str(seed)
             nodes.add(json.loads((folder / "node.json").read_text())["node_id"])
             assert f"done seed {seed} on " in resumed.stderr
         assert nodes == {cluster.head_node.node_id, worker.node_id}, "the seeds should be spread over both nodes"
@@ -398,16 +400,24 @@ def test_launcher_flags_are_taken_out_and_every_other_flag_kept_in_order():
         "--seed-processes",
         "2",
     ]
-    assert many_seeds.without_launcher_flags(argv) == ["--env-id", "Hopper-v5", "--quiet"]
-    assert many_seeds.flag_value(argv, "--run-name") == "x" and many_seeds.flag_value(argv, "--num-seeds") == "4"
-    assert many_seeds.asked(argv) and not many_seeds.asked([*argv, "--help"])
-    assert not many_seeds.asked(["--num-seeds", "1"]) and not many_seeds.asked(["--num-seeds", "two"])
-    assert many_seeds.script_defaults(str(PPO_SCRIPT))["env_id"] == "HalfCheetah-v5"
+    assert launcher.without_launcher_flags(argv) == ["--env-id", "Hopper-v5", "--quiet"]
+    assert launcher.command_flags(argv) == {
+        "--env-id": "Hopper-v5",
+        "--num-seeds": "4",
+        "--seed": "3",
+        "--quiet": None,
+        "--run-name": "x",
+        "--seed-processes": "2",
+    }
+    assert launcher.flag_value(argv, "--run-name") == "x" and launcher.flag_value(argv, "--num-seeds") == "4"
+    assert launcher.asked(argv) and not launcher.asked([*argv, "--help"])
+    assert not launcher.asked(["--num-seeds", "1"]) and not launcher.asked(["--num-seeds", "two"])
+    assert launcher.script_defaults(str(PPO_SCRIPT))["env_id"] == "HalfCheetah-v5"
 
 
 def test_new_seeds_are_the_single_runs_of_this_command(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    seeds = many_seeds.new_seeds(str(PPO_SCRIPT), ["--env-id", "Hopper-v5", "--num-seeds", "2", "--seed", "5"])
+    seeds = launcher.new_seeds(str(PPO_SCRIPT), ["--env-id", "Hopper-v5", "--num-seeds", "2", "--seed", "5"])
     assert [s.seed for s in seeds] == [5, 6]
     names = [s.run_dir for s in seeds]
     assert names[0].startswith(os.path.join("runs", "Hopper-v5__ppo_continuous__")) and names[0].endswith("__5")
@@ -417,14 +427,16 @@ def test_new_seeds_are_the_single_runs_of_this_command(tmp_path, monkeypatch):
 def test_the_t_interval_is_students_for_few_seeds():
     from scipy import stats
 
-    for df in (1, 2, 4, 9, 29, 30, 31, 50, 200):
-        assert many_seeds.t_quantile_975(df) == pytest.approx(stats.t.ppf(0.975, df), abs=1.5e-3), df
+    for df in (1, 2, 2.1427, 4, 9, 29, 30, 31, 50, 200):  # Welch's degrees of freedom are not whole
+        for probability in (0.9, 0.975, 0.995):
+            expected = stats.t.ppf(probability, df)
+            assert seed_statistics.t_quantile(probability, df) == pytest.approx(expected, rel=1e-9), (df, probability)
     values = [1.0, 2.0, 4.0]
-    mean, std, (low, high) = many_seeds.mean_std_interval(values)
+    mean, std, (low, high) = seed_statistics.mean_std_interval(values)
     half = stats.t.ppf(0.975, 2) * np.std(values, ddof=1) / np.sqrt(3)
     assert mean == pytest.approx(7 / 3) and std == pytest.approx(np.std(values, ddof=1))
-    assert (low, high) == pytest.approx((mean - half, mean + half), abs=1e-2)
-    assert many_seeds.mean_std_interval([5.0]) == (5.0, None, None)
+    assert (low, high) == pytest.approx((mean - half, mean + half))
+    assert seed_statistics.mean_std_interval([5.0]) == (5.0, None, None)
 
 
 def test_a_seed_is_judged_by_the_summary_its_run_wrote(tmp_path):
@@ -433,12 +445,12 @@ def test_a_seed_is_judged_by_the_summary_its_run_wrote(tmp_path):
     folder = tmp_path / "runs" / "x__1"
     folder.mkdir(parents=True)
     (folder / "summary.json").write_text('{"status": "completed", "env_steps": 512}')
-    seed = many_seeds.Seed(1, str(folder), [])
+    seed = launcher.Seed(1, str(folder), [])
     written = os.path.getmtime(folder / "summary.json")
-    assert many_seeds.seed_status(many_seeds.Ended(seed, -2, started=written - 5)) == "completed"
-    assert many_seeds.seed_status(many_seeds.Ended(seed, 1, started=written + 5)) == "exit 1"
-    assert many_seeds.seed_status(many_seeds.Ended(seed, -15, started=written + 5)) == "stopped by a signal"
-    assert many_seeds.seed_status(many_seeds.Ended(seed, 0, started=written + 5)) == "completed"  # nothing left to do
+    assert launcher.seed_status(launcher.Ended(seed, -2, started=written - 5)) == "completed"
+    assert launcher.seed_status(launcher.Ended(seed, 1, started=written + 5)) == "exit 1"
+    assert launcher.seed_status(launcher.Ended(seed, -15, started=written + 5)) == "stopped by a signal"
+    assert launcher.seed_status(launcher.Ended(seed, 0, started=written + 5)) == "completed"  # nothing left to do
 
 
 def test_resume_finds_the_sibling_seeds_of_a_run_name_with_folders_in_it(tmp_path, monkeypatch):
@@ -450,7 +462,7 @@ def test_resume_finds_the_sibling_seeds_of_a_run_name_with_folders_in_it(tmp_pat
     record = {"command": command, "hyperparameters": {"seed": 1, "run_name": "exp/a__1"}}
     (first / "run.json").write_text(json.dumps(record))
     argv = ["--resume", "runs/exp/a__1/checkpoint.pt", "--num-seeds", "2", "--total-timesteps", "4096"]
-    one, two = many_seeds.resumed_seeds(argv)
+    one, two = launcher.resumed_seeds(argv)
     assert one.flags == [
         f"--resume={os.path.join('runs', 'exp', 'a__1', 'checkpoint.pt')}",
         "--total-timesteps",
@@ -459,13 +471,13 @@ def test_resume_finds_the_sibling_seeds_of_a_run_name_with_folders_in_it(tmp_pat
     assert two.run_dir == os.path.join("runs", "exp", "a__2") and not two.fresh
     assert two.flags == [*command[1:2], "Pendulum-v1", "--no-compile", "--total-timesteps", "4096", "--seed=2",
                          "--run-name=exp/a__2"]  # fmt: skip
-    zero = many_seeds.resumed_seeds([*argv, "--seed", "0"])  # --seed names the first seed of the launch
+    zero = launcher.resumed_seeds([*argv, "--seed", "0"])  # --seed names the first seed of the launch
     assert [s.seed for s in zero] == [0, 1] and zero[1].flags[0].startswith("--resume=")
 
 
 def test_a_console_whose_reader_went_away_takes_the_rest_quietly():
     read, write = os.pipe()
-    stream = many_seeds.SturdyStream(os.fdopen(write, "w", buffering=1))
+    stream = SturdyStream(os.fdopen(write, "w", buffering=1))
     os.close(read)
     stream.write("a line nobody reads\n")
     stream.flush()

@@ -362,7 +362,7 @@ def test_rollout_acts_on_zeros_for_a_non_finite_observation_and_stores_its_row_a
     env_id = "tests.envs:NanObsSometimes-v0"  # a NaN observation every 97 steps of each env
     args = ppo_continuous.Args(env_id=env_id)
     sampler = ppo_continuous.Sampler(env_id, 2, 0, args)
-    obs_dim, act_dim = ppo_continuous.check_spaces(env_id, sampler.envs[0])
+    obs_dim, act_dim = sampler.check_spaces(env_id, sampler.envs[0])
     agent = perturbed_agent(obs_dim, act_dim, False)
     obs_rms = gae.RunningMeanStd(shape=(obs_dim,))
     obs_rms.update(np.random.default_rng(1).normal(0.5, 2.0, size=(64, obs_dim)))

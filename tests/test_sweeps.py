@@ -1,5 +1,5 @@
 """benchmarks/learning.py's configurations (--grid) and its runs on a Ray cluster (--ray-address and
-many_seeds.run_on_cluster), on a 2-node ray.cluster_utils.Cluster on this machine: runs land on both nodes, their
+ray_cluster.run_on_cluster), on a 2-node ray.cluster_utils.Cluster on this machine: runs land on both nodes, their
 folders come back to the head, the table groups by configuration, a lost node costs only a retry, Ctrl-C keeps what
 finished, and a second invocation runs only what is missing."""
 
@@ -237,8 +237,10 @@ def test_difference_table_gives_welch_interval_and_the_least_possible_p():
     scipy's own Welch test agree with the table; the permutation p of two separated groups is its floor."""
     import math
 
-    from learning_report import difference_table, permutation_floor, permutation_pvalue, welch_interval
+    from learning_report import difference_table
     from scipy import stats
+
+    from seed_statistics import permutation_floor, permutation_pvalue, welch_interval
 
     a, b = [1.0, 2.0, 6.0], [0.0, 0.5, 1.0]
     var_a, var_b = 7.0 / 3, 0.25 / 3  # sample variances 7 and 0.25, over 3 seeds each
@@ -415,7 +417,7 @@ def test_a_sweep_refuses_other_versions_a_changed_env_module_a_run_extended_by_h
 
 
 def test_unpack_folder_replaces_the_old_folder_only_once_the_new_one_is_whole(tmp_path):
-    from many_seeds import pack_folder, unpack_folder
+    from ray_cluster import pack_folder, unpack_folder
 
     source = tmp_path / "source"
     (source / "sub").mkdir(parents=True)
@@ -437,9 +439,9 @@ def test_lease_gives_a_run_folder_one_writer_at_a_time(tmp_path, monkeypatch):
     was lost), the second takes it over, and the first, if it comes back, finds it gone. The lease is a clock by design:
     its holder renews it every quarter of its 3 s, so the renewing thread may stall for two seconds on a busy machine
     before the lease goes stale under it."""
-    from many_seeds import Lease, LeaseHeld
+    from ray_cluster import Lease, LeaseHeld
 
-    monkeypatch.setenv("LEARNING_LEASE_SECONDS", "3")
+    monkeypatch.setenv("RUN_LEASE_SECONDS", "3")
     path = str(tmp_path / "runs" / "Hopper-v5__1.lease")
     first, second = Lease(path, "a"), Lease(path, "b")
     first.take()
@@ -471,7 +473,7 @@ def test_lease_gives_a_run_folder_one_writer_at_a_time(tmp_path, monkeypatch):
 def test_orphaned_work_folders_of_dead_workers_are_removed(tmp_path, monkeypatch):
     import tempfile
 
-    from many_seeds import WORK_PREFIX, remove_orphaned_work_folders
+    from ray_cluster import WORK_PREFIX, remove_orphaned_work_folders
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -490,7 +492,7 @@ def test_a_node_lost_with_storage_resumes_the_run_from_its_checkpoint_on_another
     trainer on A saved (run.json records the resume), once A's lease on the folder has gone stale."""
     from ray.cluster_utils import Cluster
 
-    monkeypatch.setenv("LEARNING_LEASE_SECONDS", "4")  # read by the nodes' workers, which inherit this environment
+    monkeypatch.setenv("RUN_LEASE_SECONDS", "4")  # read by the nodes' workers, which inherit this environment
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
     try:
         node_a = cluster.add_node(num_cpus=1)

@@ -1,0 +1,604 @@
+"""--num-seeds N: N single runs of the training script, each a process of its own.
+
+    python ppo_continuous.py --num-seeds 4                          # seeds 1..4 in runs/<run-name>__1 .. __4
+    python my_ppo.py --num-seeds 4                                  # a researcher's copy launches itself
+    python ppo_continuous.py --num-seeds 8 --ray-address auto       # over a Ray cluster; the folders come home
+    python ppo_continuous.py --resume runs/<run-name>__1/checkpoint.pt --num-seeds 4     # every seed carries on
+
+Seed k is the command `python <script> <the same flags> --seed=k --run-name=<run-name>__k`, which its run.json
+records: the script as it was invoked (an edited copy launches itself), in a process of its own, so each seed is its
+single run bit for bit, whatever state the code keeps (module globals, caches, random generators, torch's settings).
+At most --seed-processes run at once (default: the cores this process may use); the next starts as one ends.
+
+While they run: one progress line for all seeds, each seed's lines on stderr behind "seed k: ", each seed's whole
+output in its folder (output.log). At the end: a table of every seed's final return, their mean, std and Student's t
+interval, and the TensorBoard command that overlays them. Ctrl-C or SIGTERM is passed on once to every running seed
+(each saves a checkpoint after its iteration) and no new seed starts; a second signal is passed on too (they quit at
+once). A seed that fails stops alone with its line; the closing lines and the exit status say which.
+
+With --ray-address, each seed is a Ray task on the cluster's nodes (ray_cluster.run_on_cluster, the way
+benchmarks/learning.py runs its sweeps: one way to launch runs in the repository), its folder packed on the node and
+unpacked here.
+
+This module imports only the standard library and the repository's standard-library modules (tqdm and ray where they
+are used), and the script calls it before its own imports: the launcher never imports torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import functools
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ray_cluster import ClusterError, pack_folder, run_on_cluster
+from run_record import PROGRESS_FD, final_return, run_summary, sturdy_console
+from seed_statistics import mean_std_interval
+from stop_signals import TwoStageStop, run_child_setup, signal_name
+
+# The launcher's own flags: what makes the seeds differ, and how they are run. Every other flag goes to every seed.
+LAUNCHER_FLAGS = ("--num-seeds", "--seed-processes", "--ray-address", "--seed", "--run-name", "--resume")
+
+
+class LaunchError(Exception):
+    """Flags or folders that do not fit: one line, exit status 2."""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The command line: which seeds, and each one's flags
+# ---------------------------------------------------------------------------------------------------------------------
+def flag_items(argv: list[str]) -> list[tuple[str | None, str | None, list[str]]]:
+    """argv as the scripts' parsers read it: (name, value, its items) for each flag, --flag=value, --flag value (the
+    next item, unless that is a flag) or a switch (value None), with underscores read as dashes (--run_name is
+    --run-name); (None, None, [item]) for an item that belongs to no flag."""
+    items = []
+    index = 0
+    while index < len(argv):
+        item = argv[index]
+        if not item.startswith("--"):
+            items.append((None, None, [item]))
+            index += 1
+            continue
+        name, sep, value = item.partition("=")
+        name = name.replace("_", "-")
+        if sep:
+            items.append((name, value, [item]))
+        elif index + 1 < len(argv) and not argv[index + 1].startswith("--"):
+            items.append((name, argv[index + 1], argv[index : index + 2]))
+            index += 1
+        else:
+            items.append((name, None, [item]))
+        index += 1
+    return items
+
+
+def command_flags(argv: list[str]) -> dict[str, str | None]:
+    """{--flag: value} of every flag in argv (flag_items; a switch's value is None); a flag given twice has its last
+    value."""
+    flags: dict[str, str | None] = {}
+    for name, value, _ in flag_items(argv):
+        if name is not None:
+            flags[name] = value
+    return flags
+
+
+def flag_value(argv: list[str], name: str) -> str | None:
+    """The value of the last `name VALUE` or `name=VALUE` in argv (underscores or dashes), else None."""
+    return command_flags(argv).get(name)
+
+
+def without_launcher_flags(argv: list[str]) -> list[str]:
+    """argv less the launcher's flags and their values."""
+    return [item for name, _, items in flag_items(argv) if name not in LAUNCHER_FLAGS for item in items]
+
+
+def asked(argv: list[str]) -> bool:
+    """Whether this command line asks for several seeds (and not for --help)."""
+    if "-h" in argv or "--help" in argv:
+        return False
+    try:
+        return int(flag_value(argv, "--num-seeds") or 1) > 1
+    except ValueError:
+        return False  # not a number: the script's own parser says so
+
+
+def script_defaults(script: str) -> dict:
+    """The literal defaults of the script's `Args` fields, read from its source (the launcher imports no torch)."""
+    try:
+        with open(script) as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError):
+        return {}
+    defaults = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "Args":
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.value is not None:
+                    with contextlib.suppress(ValueError):
+                        defaults[item.target.id] = ast.literal_eval(item.value)
+    return defaults
+
+
+def whole_number(argv: list[str], name: str, default: int, least: int) -> int:
+    value = flag_value(argv, name)
+    try:
+        number = default if value is None else int(value)
+    except ValueError:
+        raise LaunchError(f"{name} takes a whole number, got {value!r}") from None
+    if number < least:
+        raise LaunchError(f"{name} must be >= {least}, got {number}")
+    return number
+
+
+@dataclass
+class Seed:
+    """One seed's single run: its seed, folder (runs/<run-name>__<seed>) and flags; `fresh`: its folder is removed
+    before it starts (--overwrite, or a folder left without a checkpoint)."""
+
+    seed: int
+    run_dir: str
+    flags: list[str]
+    fresh: bool = False
+    note: str = ""
+
+
+def new_seeds(script: str, argv: list[str]) -> list[Seed]:
+    """--num-seeds N from --seed: each seed's flags are this command's, with its own --seed and --run-name."""
+    defaults = script_defaults(script)
+    count = whole_number(argv, "--num-seeds", 1, 1)
+    first = whole_number(argv, "--seed", int(defaults.get("seed", 1)), 0)
+    flags = without_launcher_flags(argv)
+    base = flag_value(argv, "--run-name")
+    if not base:
+        env_id = flag_value(argv, "--env-id") or str(defaults.get("env_id", "env"))
+        exp_name = flag_value(argv, "--exp-name") or defaults.get("exp_name") or os.path.basename(script)[:-3]
+        base = f"{env_id.replace(':', '_')}__{exp_name}__{int(time.time())}"
+    overwrite = "--overwrite" in flags
+    seeds = []
+    for seed in range(first, first + count):
+        run_dir = os.path.join("runs", f"{base}__{seed}")
+        if os.path.exists(run_dir) and not overwrite:
+            raise LaunchError(
+                f"{run_dir} already exists: continue the seeds with --resume {os.path.join(run_dir, 'checkpoint.pt')} "
+                f"--seed {first} --num-seeds {count}, or start them afresh with --overwrite"
+            )
+        seeds.append(Seed(seed, run_dir, [*flags, f"--seed={seed}", f"--run-name={base}__{seed}"], fresh=overwrite))
+    return seeds
+
+
+def resumed_seeds(argv: list[str]) -> list[Seed]:
+    """--resume runs/<run-name>__<k>/checkpoint.pt --num-seeds N: seeds k .. k+N-1 of that launch (from --seed, where
+    given), each from its own checkpoint; a seed that has none starts afresh with the command that seed k's run.json
+    records."""
+    count = whole_number(argv, "--num-seeds", 1, 1)
+    path = flag_value(argv, "--resume")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise LaunchError(f"no run folder at {os.path.dirname(path) or '.'} (--resume {path})")
+    try:
+        with open(os.path.join(folder, "run.json")) as f:
+            record = json.load(f)
+        first, name = int(record["hyperparameters"]["seed"]), str(record["hyperparameters"]["run_name"])
+        recorded = without_launcher_flags(list(record["command"][1:]))
+    except (OSError, ValueError, KeyError, TypeError):
+        raise LaunchError(
+            f"{path} has no readable run.json beside it: resume that run alone, without --num-seeds, or name another "
+            "seed's checkpoint (--seed gives the first seed)"
+        ) from None
+    if not name.endswith(f"__{first}") or not folder.endswith(os.sep + os.path.normpath(name)):
+        raise LaunchError(f"{path} is not a seed of a --num-seeds run (its folder is not <run-name>__{first})")
+    base, root = name[: -len(f"__{first}")], folder[: -len(os.sep + os.path.normpath(name))]
+    first = whole_number(argv, "--seed", first, 0)
+    flags = without_launcher_flags(argv)
+    seeds = []
+    for seed in range(first, first + count):
+        run_name = f"{base}__{seed}"
+        checkpoint = os.path.join(root, run_name, "checkpoint.pt")
+        run_dir = os.path.join("runs", run_name)
+        if os.path.isfile(checkpoint):
+            seeds.append(Seed(seed, run_dir, [f"--resume={os.path.relpath(checkpoint)}", *flags]))
+            continue
+        start = [*recorded, *flags, f"--seed={seed}", f"--run-name={run_name}"]
+        if os.path.isdir(os.path.join(root, run_name)):
+            seeds.append(Seed(seed, run_dir, start, fresh=True, note="starts afresh: its folder has no checkpoint"))
+        else:
+            seeds.append(Seed(seed, run_dir, start, note="starts: it had not started"))
+    return seeds
+
+
+def plan(script: str, argv: list[str]) -> list[Seed]:
+    """Every seed's run, or a LaunchError for flags that do not fit."""
+    flags = command_flags(argv)
+    if "--eval-checkpoint" in flags:
+        raise LaunchError("--eval-checkpoint evaluates one policy: leave out --num-seeds")
+    if "--resume" in flags and "--overwrite" in flags:
+        raise LaunchError("--resume and --overwrite do not fit together: continue the seeds, or start them afresh")
+    whole_number(argv, "--seed-processes", 0, 0)
+    return resumed_seeds(argv) if flag_value(argv, "--resume") else new_seeds(script, argv)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Running the seeds on this machine
+# ---------------------------------------------------------------------------------------------------------------------
+class SeedProcess:
+    """A seed's run as a child process: its stdout and stderr read line by line into `events`, kept for its folder's
+    output.log, and its progress read from a pipe of its own. In a session of its own, so that a Ctrl-C at the
+    terminal reaches only the launcher, which passes it on once."""
+
+    def __init__(self, script: str, seed: Seed, events: queue.Queue):
+        self.seed, self.events = seed, events
+        self.lines: list[tuple[str, str]] = []  # (kind, line), kept until the run has made its folder
+        self.log = None
+        self.step = self.total = 0
+        self.recent_return: float | None = None
+        self.signal_when_training: int | None = None  # a signal passed on once the run trains (its handler is set)
+        self.started = time.time() - 1.0  # file times may be coarser than the clock
+        progress_read, progress_write = os.pipe()
+        env = dict(os.environ, **{PROGRESS_FD: str(progress_write)})
+        self.proc = subprocess.Popen(
+            [sys.executable, script, *seed.flags],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(progress_write,),
+            env=env,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+            preexec_fn=run_child_setup(),
+        )
+        os.close(progress_write)
+        self.readers = [
+            threading.Thread(target=self.read, args=(self.proc.stdout, "out"), daemon=True),
+            threading.Thread(target=self.read, args=(self.proc.stderr, "err"), daemon=True),
+            threading.Thread(target=self.read, args=(os.fdopen(progress_read), "progress"), daemon=True),
+        ]
+        for reader in self.readers:
+            reader.start()
+        threading.Thread(target=self.wait, daemon=True).start()
+
+    def read(self, stream, kind: str) -> None:
+        with stream:
+            for line in stream:
+                self.events.put((self, kind, line.rstrip("\n")))
+
+    def wait(self) -> None:
+        self.proc.wait()
+        for reader in self.readers:
+            reader.join()
+        self.events.put((self, "ended", self.proc.returncode))
+
+    def keep(self, kind: str, line: str | None) -> list[tuple[str, str]]:
+        """Write a line of its stdout or stderr (`kind` "out" or "err"; None: only those held) to its folder's
+        output.log, and return the (kind, line) to say now: none while the run has no folder yet (they are held),
+        then the held ones too."""
+        if line is not None:
+            self.lines.append((kind, line))
+        if self.log is None:
+            if not os.path.isdir(self.seed.run_dir):
+                return []
+            self.log = open(os.path.join(self.seed.run_dir, "output.log"), "a")  # noqa: SIM115 (closed in close())
+        said, self.lines = self.lines, []
+        for _, held in said:
+            self.log.write(held + "\n")
+        return said
+
+    def signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(signum)
+
+    def stop_after_iteration(self, signum: int) -> None:
+        """Pass a first signal on: now if it trains (it then saves a checkpoint after its iteration), at its first
+        update if it is still starting (a signal before its training loop would only kill it, with a traceback), not
+        at all once it has trained its last step (it is writing its files)."""
+        if self.total and self.step >= self.total:
+            return
+        if self.step:
+            self.signal(signum)
+        else:
+            self.signal_when_training = signum
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+
+
+@dataclass
+class Ended:
+    """How a seed's run ended: its exit status, and the lines it printed before it made its folder (a refused run's)."""
+
+    seed: Seed
+    returncode: int | None
+    early_lines: list[str] = field(default_factory=list)
+    started: float = 0.0  # when the launch started it (time.time()): older files in its folder are not its
+
+    @functools.cached_property
+    def summary(self) -> dict:
+        """The seed's summary.json, read once (its run has ended): the one this launch's run wrote, or for a run that
+        had nothing left to do, the one it had; {} when there is none (an earlier run's summary says nothing of a run
+        that failed now)."""
+        path = os.path.join(self.seed.run_dir, "summary.json")
+        try:
+            if self.returncode != 0 and os.path.getmtime(path) < self.started:  # 0: done now, or done before
+                return {}
+        except OSError:
+            return {}
+        return run_summary(self.seed.run_dir)
+
+
+class Launch:
+    """The seeds' runs on this machine, `parallel` at a time, with one progress display and the signals passed on."""
+
+    def __init__(self, script: str, seeds: list[Seed], parallel: int, quiet: bool):
+        self.script, self.prog = script, os.path.basename(script)
+        self.waiting = list(seeds)
+        self.parallel, self.quiet = parallel, quiet
+        self.running: list[SeedProcess] = []
+        self.started: dict[int, SeedProcess] = {}
+        self.ended: list[Ended] = []
+        self.events: queue.Queue = queue.Queue()
+        self.stop = TwoStageStop(self.stop_after_iteration, self.stop_now)  # its signum: the latest signal
+        self.refused = False
+        self.bar = None
+
+    def say(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stderr)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def stop_after_iteration(self, signum: int) -> None:
+        for child in self.running:
+            child.stop_after_iteration(signum)
+        self.say(
+            f"{self.prog}: {signal_name(signum)}: each running seed saves a checkpoint after its iteration, and no new "
+            "seed starts (signal again to quit now)"
+        )
+
+    def stop_now(self, signum: int) -> None:
+        for child in self.running:
+            child.signal(signum)
+        self.say(f"{self.prog}: {signal_name(signum)} again: the running seeds quit now (their last checkpoints stay)")
+
+    def may_start(self) -> bool:
+        """Whether a waiting seed starts now: a process is free, no signal came, and no seed's flags were refused."""
+        return (
+            bool(self.waiting) and len(self.running) < self.parallel and self.stop.signum is None and not self.refused
+        )
+
+    def run(self) -> list[Ended]:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=0, disable=self.quiet, unit="step", unit_scale=True, dynamic_ncols=True, mininterval=1)
+        try:
+            with self.stop:
+                while True:
+                    while self.may_start():
+                        seed = self.waiting.pop(0)
+                        if seed.note:
+                            self.say(f"{self.prog}: seed {seed.seed} {seed.note}")
+                        self.running.append(SeedProcess(self.script, seed, self.events))
+                        self.started[seed.seed] = self.running[-1]
+                        if self.stop.signum is not None:  # the signal came while it was being started
+                            self.running[-1].stop_after_iteration(self.stop.signum)
+                    if not self.running:
+                        break
+                    try:
+                        self.handle(*self.events.get(timeout=1.0))
+                    except queue.Empty:
+                        continue
+        finally:
+            self.bar.close()
+            self.bar = None
+        return self.ended
+
+    def handle(self, child: SeedProcess, kind: str, payload) -> None:
+        prefix = f"seed {child.seed.seed}: "
+        if kind == "progress":
+            with contextlib.suppress(ValueError):
+                step, total, recent = payload.split()
+                child.step, child.total = int(step), int(total)
+                child.recent_return = None if recent == "nan" else float(recent)
+                if child.signal_when_training is not None:
+                    child.signal(child.signal_when_training)
+                    child.signal_when_training = None
+                self.show_progress()
+        elif kind in ("out", "err"):
+            # lines printed before the run made its folder are said when it does, or when it ends
+            for held_kind, line in child.keep(kind, payload):
+                self.echo(prefix + line, held_kind)
+        else:  # ended
+            self.running.remove(child)
+            early = []
+            if payload == 2 and not os.path.isdir(child.seed.run_dir):
+                early = [line for _, line in child.lines]  # refused flags are every seed's: said once, none more starts
+                self.refused = True
+            else:
+                for held_kind, line in child.keep("err", None) if os.path.isdir(child.seed.run_dir) else child.lines:
+                    self.echo(prefix + line, held_kind)
+            child.close()
+            self.ended.append(Ended(child.seed, payload, early, child.started))
+            self.show_progress()
+
+    def echo(self, line: str, kind: str) -> None:
+        if kind == "out":
+            if self.bar is not None and not self.bar.disable:
+                self.bar.write(line)
+            else:
+                print(line, flush=True)
+        else:
+            self.say(line)
+
+    def show_progress(self) -> None:
+        """The bar: every seed's steps against every seed's total (each seed's, once it has said it), and the latest
+        return of each seed running."""
+        if self.bar is None or self.bar.disable:
+            return
+        children = [*self.started.values()]
+        count = len(children) + len(self.waiting)
+        self.bar.total = max(c.total for c in children) * count or None
+        self.bar.n = sum(c.step for c in children)
+        returns = " ".join(
+            f"{c.seed.seed}:{'n/a' if c.recent_return is None else f'{c.recent_return:.0f}'}" for c in self.running
+        )
+        self.bar.set_postfix_str(f"{len(self.ended)} of {count} seeds done; returns {returns}", refresh=False)
+        self.bar.refresh()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The end: every seed's final return, with an interval honest for few seeds
+# ---------------------------------------------------------------------------------------------------------------------
+def seed_status(ended: Ended) -> str:
+    """How the seed's run ended, as its summary.json says (a signal that came as it was closing does not undo a
+    completed run); else by its exit status."""
+    status = ended.summary.get("status")
+    if status:
+        return status
+    if ended.returncode is None:
+        return "lost"
+    if ended.returncode < 0 or ended.returncode in (130, 143):
+        return "stopped by a signal"
+    return "completed" if ended.returncode == 0 else f"exit {ended.returncode}"
+
+
+def report(prog: str, ended: list[Ended], not_started: list[Seed], first: int) -> list[str]:
+    """The closing lines (stdout): a row for each seed, the statistics of the completed seeds' final returns, the
+    TensorBoard command and, when a seed did not complete, which, and how to continue them all."""
+    rows = sorted(ended, key=lambda e: e.seed.seed)
+    count = len(rows) + len(not_started)
+    lines = [f"{prog}: {count} seeds", f"{'seed':>6}  {'status':<20}{'steps':>10}  final return"]
+    finals = []
+    for row in rows:
+        summary, status = row.summary, seed_status(row)
+        final = final_return(summary)
+        if final is not None and status == "completed":
+            finals.append(float(final))
+        shown = "n/a" if final is None else f"{final:.2f}"
+        lines.append(f"{row.seed.seed:>6}  {status:<20}{summary.get('env_steps', 0):>10}  {shown}")
+    for seed in not_started:
+        lines.append(f"{seed.seed:>6}  {'not started':<20}{0:>10}  n/a")
+    if finals:
+        mean, std, interval = mean_std_interval(finals)
+        line = f"final return (each seed's mean over its last episodes): mean {mean:.2f} over {len(finals)} "
+        line += "completed seeds" if len(finals) < len(rows) + len(not_started) else "seeds"
+        if std is not None:
+            line += f", std {std:.2f}, 95% t-interval [{interval[0]:.2f}, {interval[1]:.2f}]"
+        lines.append(line)
+    folders = [row.seed for row in rows if os.path.isdir(row.seed.run_dir)]
+    if folders:
+        spec = ",".join(f"seed{s.seed}:{s.run_dir}" for s in folders)
+        lines.append(f"curves: tensorboard --logdir_spec {spec}")
+    unfinished = [row.seed.seed for row in rows if seed_status(row) != "completed"] + [s.seed for s in not_started]
+    if unfinished:
+        which = ", ".join(str(seed) for seed in sorted(unfinished))
+        recorded = [row.seed for row in rows if os.path.isfile(os.path.join(row.seed.run_dir, "run.json"))]
+        if recorded:
+            checkpoint = os.path.join(recorded[0].run_dir, "checkpoint.pt")
+            again = f"python {prog} --resume {checkpoint} --seed {first} --num-seeds {count}"
+            lines.append(f"not completed: seed {which}; continue every seed with: {again}")
+        else:
+            lines.append(f"not completed: seed {which}; none of them started training: run the same command again")
+    return lines
+
+
+def exit_status(ended: list[Ended], not_started: list[Seed], signum: int | None) -> int:
+    if signum is not None:
+        return 128 + signum  # as a single run's: 130 for Ctrl-C, 143 for SIGTERM
+    if ended and all(e.returncode == 2 and e.early_lines for e in ended):
+        return 2
+    return 1 if not_started or any(seed_status(e) != "completed" for e in ended) else 0
+
+
+def usable_cores() -> int:
+    """The cores this process may use (its affinity, where the OS has one)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity else os.cpu_count() or 1
+
+
+def launch(script: str, argv: list[str]) -> int:
+    """--num-seeds N: every seed's single run, here or on a Ray cluster; the closing table; the exit status (0 when
+    every seed completed, 1 when one failed, 2 for flags refused, 130 or 143 after Ctrl-C or SIGTERM)."""
+    sturdy_console()  # a closed stdout (`| head`) must not stop the seeds
+    script = os.path.abspath(script)
+    prog = os.path.basename(script)
+    try:
+        seeds = plan(script, argv)
+        address = flag_value(argv, "--ray-address")
+        parallel = whole_number(argv, "--seed-processes", 0, 0) or usable_cores()
+    except LaunchError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    quiet = "--quiet" in argv
+    for seed in seeds:  # --overwrite, or a folder without a checkpoint: nothing of it may mix with the new runs
+        if seed.fresh:
+            shutil.rmtree(seed.run_dir, ignore_errors=True)
+    if address:
+        try:
+            ended, not_started, signum = seeds_on_cluster(script, seeds, address)
+        except ClusterError as e:
+            print(f"{prog}: error: {e}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:  # a second signal cancelled the seeds in flight
+            print(f"{prog}: cancelled; the seeds that had ended are in runs/", file=sys.stderr)
+            return 130
+    else:
+        run = Launch(script, seeds, parallel, quiet)
+        ended, signum = run.run(), run.stop.signum
+        not_started = run.waiting
+    refusals = [e for e in ended if e.early_lines]
+    said = set()
+    for refused in refusals:  # the same refusal of every seed is said once
+        text = "\n".join(refused.early_lines)
+        if text not in said:
+            said.add(text)
+            print(text, file=sys.stderr)
+    if ended and len(refusals) == len(ended):
+        return 2
+    print("\n".join(report(prog, ended, not_started, seeds[0].seed)), flush=True)
+    return exit_status(ended, not_started, signum)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# On a Ray cluster: every seed a Ray task of ray_cluster.py, its folder packed on the node and unpacked here
+# ---------------------------------------------------------------------------------------------------------------------
+def seeds_on_cluster(script: str, seeds: list[Seed], address: str) -> tuple[list[Ended], list[Seed], int | None]:
+    """Every seed a task of run_on_cluster, from the script's folder (which Ray uploads to the nodes); their folders
+    come back into this runs folder. Returns how each seed that ran ended, the seeds that never started (a signal came
+    first), and that signal."""
+    repo = os.path.dirname(script)
+    jobs = []
+    for seed in seeds:
+        run_name = os.path.relpath(seed.run_dir, "runs")
+        resume = "--resume" in command_flags(seed.flags)
+        folder_tar = None
+        flags = list(seed.flags)
+        if resume:  # the node resumes from the folder sent with it
+            flags = [f"--resume={os.path.join('runs', run_name, 'checkpoint.pt')}"]
+            flags += [item for name, _, items in flag_items(seed.flags) if name != "--resume" for item in items]
+            folder_tar = pack_folder(seed.run_dir)
+        argv = [os.path.basename(script), *flags]
+        jobs.append(
+            {
+                "label": f"seed {seed.seed}",
+                "run_name": run_name,
+                "argv": {"resume" if resume else "new": argv, "new" if resume else "resume": None},
+                "folder_tar": folder_tar,
+                "storage": None,
+                "python": None,
+                "cpus": 1,
+            }
+        )
+    started = time.time() - 1.0
+    statuses, signum = run_on_cluster(jobs, address, os.path.abspath("runs"), repo)
+    ended = [
+        Ended(seed, statuses[f"seed {seed.seed}"], started=started) for seed in seeds if f"seed {seed.seed}" in statuses
+    ]
+    return ended, [seed for seed in seeds if f"seed {seed.seed}" not in statuses], signum

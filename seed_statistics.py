@@ -1,0 +1,112 @@
+"""Statistics over a few seeds' final returns, in the standard library only: the --num-seeds launcher's closing table
+(mean, sample std and Student's t interval), which imports no numpy or scipy, and benchmarks/learning_report.py's
+comparisons (Welch's interval and an exact permutation test). With 2 to 10 seeds a normal interval or a bootstrap is
+too narrow; these are honest about so few.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+
+
+def regularized_beta(x: float, a: float, b: float) -> float:
+    """The regularized incomplete beta function I_x(a, b), by its continued fraction (Lentz's method; Numerical
+    Recipes, 6.4), taken on the side of x where it converges fast."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1) / (a + b + 2):
+        return front * beta_fraction(x, a, b) / a
+    return 1.0 - front * beta_fraction(1.0 - x, b, a) / b
+
+
+def beta_fraction(x: float, a: float, b: float) -> float:
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    fraction = d
+    for m in range(1, 1000):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            fraction *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return fraction
+
+
+def t_quantile(probability: float, dof: float) -> float:
+    """The `probability` quantile (above 0.5) of Student's t with `dof` degrees of freedom, a whole number or, as
+    Welch's, not: the t whose upper tail, I_x(dof / 2, 1 / 2) / 2 at x = dof / (dof + t^2), is 1 - probability,
+    found by bisection over x."""
+    tail = 2.0 * (1.0 - probability)
+    low, high = 0.0, 1.0
+    for _ in range(200):  # I_x grows with x; 200 halvings leave x exact to the last bit
+        middle = (low + high) / 2
+        if regularized_beta(middle, dof / 2, 0.5) < tail:
+            low = middle
+        else:
+            high = middle
+    x = (low + high) / 2
+    return math.sqrt(dof * (1.0 - x) / x)
+
+
+def sample_std(values: list[float]) -> float:
+    """The sample standard deviation (n - 1 in the denominator): every table's ± over seeds. 0 for one seed."""
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def mean_std_interval(values: list[float]) -> tuple[float, float | None, tuple[float, float] | None]:
+    """The mean, the sample std and the 95% Student's t interval of the mean; no std or interval for one value."""
+    n = len(values)
+    mean = statistics.fmean(values)
+    if n < 2:
+        return mean, None, None
+    std = sample_std(values)
+    half = t_quantile(0.975, n - 1) * std / math.sqrt(n)
+    return mean, std, (mean - half, mean + half)
+
+
+def welch_interval(a: list[float], b: list[float], level: float = 0.95) -> tuple[float, float]:
+    """Welch's t-interval of mean(a) - mean(b): each group's own sample variance, Welch-Satterthwaite's degrees of
+    freedom. With 3 to 5 seeds a side it is wide, as it should be; a percentile bootstrap over so few seeds is not."""
+    difference = statistics.fmean(a) - statistics.fmean(b)
+    var_a, var_b = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    se = math.sqrt(var_a + var_b)
+    if se == 0.0:
+        return difference, difference
+    dof = se**4 / (var_a**2 / (len(a) - 1) + var_b**2 / (len(b) - 1))
+    half = t_quantile(0.5 + level / 2, dof) * se
+    return difference - half, difference + half
+
+
+def permutation_pvalue(a: list[float], b: list[float]) -> float:
+    """Two-sided exact permutation test of a difference in means: the share of all ways to split the pooled seeds
+    into groups of len(a) and len(b) whose difference in means is at least as large as the observed one. It assumes
+    nothing about the distribution of returns, which matters with 2 to 5 seeds and Hopper's occasional collapses."""
+    pooled = [float(v) for v in [*a, *b]]
+    total = math.fsum(pooled)
+    observed = abs(statistics.fmean(a) - statistics.fmean(b))
+    extreme = splits = 0
+    for chosen in itertools.combinations(pooled, len(a)):
+        inside = math.fsum(chosen)
+        difference = abs(inside / len(a) - (total - inside) / len(b))
+        # a small tolerance so that splits tying the observed difference count despite rounding
+        extreme += difference >= observed - 1e-9 * max(1.0, observed)
+        splits += 1
+    return extreme / splits
+
+
+def permutation_floor(n_a: int, n_b: int) -> float:
+    """The smallest two-sided p that permutation_pvalue can give with these seed counts: the most extreme split is
+    1 of C(n_a + n_b, n_a), and with equal groups its mirror image ties it. 0.10 with 3 + 3 seeds, 0.029 with 4 + 4."""
+    return (2 if n_a == n_b else 1) / math.comb(n_a + n_b, n_a)
