@@ -5,7 +5,7 @@
 
 This file adds only what distribution needs to ppo_continuous.py. The learner runs that file's run: start_run, its
 training_loop (and so whatever the loop calls: sample_rollout, rollout_batch, ppo_update, log_update and the
-checkpoints it saves) and end_run, with the actors in the place of its Sampler (ActorSampler): a change to the
+checkpoints it saves) and finish_run, with the actors in the place of its Sampler (ActorSampler): a change to the
 algorithm or the loop there reaches both scripts, and the checkpoints of the two scripts fit each other. The sampler is
 where distribution enters the loop: its rollout is the actors' batch, and its anchor step is the stale-data
 correction. What only this script needs lives here: the rollout actors and their faults, staleness and its
@@ -26,12 +26,10 @@ a rollout may be, and older ones are dropped and counted. The same script runs o
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import os
 import sys
 import time
-import warnings
 from dataclasses import dataclass
 from typing import Literal
 
@@ -47,7 +45,7 @@ import gae
 import ppo_continuous as ppo
 from checkpoints import UsageError, resume_checkpoint
 from fast_paths import failure
-from ray_cluster import ray_address_answers
+from ray_cluster import ClusterError, connect, cpu_counts, refuse_what_does_not_fit
 from run_management import (
     PROG,
     Interrupted,
@@ -57,7 +55,6 @@ from run_management import (
     box_spaces,
     cli,
     finish_run,
-    first_line,
     require_positive,
     say_rounded_timesteps,
     seed_everything,
@@ -83,6 +80,7 @@ REFUSED_FLAGS = {
     "--num-envs N, give --num-actors N)",
     "--num-seeds": SEEDS_ARE_PPOS,
     "--seed-processes": SEEDS_ARE_PPOS,
+    "--grid": SEEDS_ARE_PPOS,
 }
 
 
@@ -101,6 +99,8 @@ class Args(ppo.Args):
     num_seeds: tyro.conf.Suppress[int] = 1
     """ppo_continuous.py's (refused here, REFUSED_FLAGS)"""
     seed_processes: tyro.conf.Suppress[int] = 0
+    """ppo_continuous.py's (refused here, REFUSED_FLAGS)"""
+    grid: tyro.conf.Suppress[list[str]] = dataclasses.field(default_factory=list)
     """ppo_continuous.py's (refused here, REFUSED_FLAGS)"""
     num_steps: int = 1024
     """the number of steps each actor runs in each environment per rollout"""
@@ -516,52 +516,41 @@ def broadcast_due(args: Args, version: int, last_broadcast: int) -> bool:
 # ---------------------------------------------------------------------------------------------------------------------
 # Ray set-up
 # ---------------------------------------------------------------------------------------------------------------------
+SHARE_CORES = " (use fractional --actor-cpus to share cores)"
+
+
 def init_ray(args: Args):
     """Start or join Ray quietly; bad addresses and too few CPUs are usage errors."""
     if args.no_ray:
         return None
-    import ray
-
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     # The calls of an actor that the pool restarted fail unread; the restart is reported in one line, not Ray's trace.
     os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
-    # A Ray this run starts would hold ray.init until it had started an idle worker per CPU, which the actors never
-    # take (they carry this run's runtime_env); they start their own.
-    os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
     # Workers inherit the driver's import path, so `module:EnvId` env ids and this repo's modules resolve in actors.
     here = os.path.dirname(os.path.abspath(__file__))
     pythonpath = os.pathsep.join(p for p in [here, os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)
     runtime_env = {"env_vars": {"PYTHONPATH": pythonpath, "RAY_DEDUP_LOGS": "0"}}
-    kwargs = dict(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=True, runtime_env=runtime_env)
+    kwargs = dict(include_dashboard=False)
     if args.ray_address is None:
         kwargs["object_store_memory"] = args.object_store_memory
     elif args.object_store_memory is not None:
         raise UsageError("--object-store-memory applies to a local Ray; set it with `ray start` on a cluster")
-    if args.ray_address not in (None, "auto", "local") and not ray_address_answers(args.ray_address):
-        raise UsageError(f"cannot reach Ray at --ray-address {args.ray_address}: nothing answers there")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            # "local" always starts a new Ray; ray.init() with no address would join whatever cluster on this
-            # machine was started last (another user's run, a test cluster), against this script's documented default.
-            ray.init(address=args.ray_address or "local", **kwargs)
-    except (ConnectionError, RuntimeError, ValueError) as e:
-        raise UsageError(f"cannot reach Ray at --ray-address {args.ray_address}: {first_line(e)}") from None
-    # Actors that do not fit would wait for CPUs forever: refuse at once, counting only what is free now.
-    total_cpus, free_cpus = ray.cluster_resources().get("CPU", 0), ray.available_resources().get("CPU", 0)
-    if args.actor_cpus is None:
-        args.actor_cpus = 1.0 if args.num_actors <= free_cpus else math.floor(100 * free_cpus / args.num_actors) / 100
+        ray = connect(args.ray_address, runtime_env, **kwargs)
+    except ClusterError as e:
+        raise UsageError(str(e)) from None
+    free = cpu_counts(ray)[0]
+    if args.actor_cpus is None:  # one each where they fit, else the free CPUs shared evenly
+        args.actor_cpus = 1.0 if args.num_actors <= free else math.floor(100 * free / args.num_actors) / 100
         if args.actor_cpus < 1:
-            print(
-                f"{PROG}: {args.num_actors} actors share {free_cpus:g} free CPUs: --actor-cpus {args.actor_cpus:g} each"
-            )
-    needed = args.num_actors * args.actor_cpus
-    if needed > free_cpus or args.actor_cpus <= 0:
+            print(f"{PROG}: {args.num_actors} actors share {free:g} free CPUs: --actor-cpus {args.actor_cpus:g} each")
+    what = f"--num-actors {args.num_actors} x --actor-cpus {args.actor_cpus}"
+    try:
+        if args.actor_cpus <= 0:
+            raise ClusterError(f"{what}: no CPU is free for the actors")
+        refuse_what_does_not_fit(ray, what, args.num_actors * args.actor_cpus, args.actor_cpus, SHARE_CORES)
+    except ClusterError as e:
         ray.shutdown()
-        raise UsageError(
-            f"--num-actors {args.num_actors} x --actor-cpus {args.actor_cpus} needs {needed:g} CPUs; the cluster has "
-            f"{free_cpus:g} free of {total_cpus:g} (use fractional --actor-cpus to share cores)"
-        )
+        raise UsageError(str(e)) from None
     return ray
 
 
@@ -569,9 +558,10 @@ def init_ray(args: Args):
 # The actors as the learner's sampler
 # ---------------------------------------------------------------------------------------------------------------------
 class ActorSampler:
-    """The rollout actors, seen by ppo_continuous.py's run as its sampler: `start_run`, `rollout_batch`, `log_update`
-    and `end_run` take them as they take a Sampler. What they add is distribution: a rollout is the batch gathered
-    from the actors (stale ones dropped in async mode), and the weights go out every --sync-every updates. The
+    """The rollout actors, seen by ppo_continuous.py's run as its sampler: `start_run`, its `training_loop` and
+    `finish_run` take them as they take a Sampler. What they add is distribution: a rollout is the batch gathered
+    from the actors (stale ones dropped in async mode), the weights go out every --sync-every updates, and the batch
+    is anchored for --stale-correction (`anchor`). The
     actors start when the run's training loop has begun (`attach`), so that one that fails to start stops the run
     with its checkpoint and summary."""
 

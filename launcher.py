@@ -41,11 +41,11 @@ from dataclasses import dataclass, field
 
 from ray_cluster import ClusterError, pack_folder, run_on_cluster
 from run_record import PROGRESS_FD, final_return, run_summary, sturdy_console
-from seed_statistics import mean_std_interval
+from seed_statistics import mean_std_interval, permutation_floor, permutation_pvalue, welch_interval
 from stop_signals import TwoStageStop, run_child_setup, signal_name
 
 # The launcher's own flags: what makes the seeds differ, and how they are run. Every other flag goes to every seed.
-LAUNCHER_FLAGS = ("--num-seeds", "--seed-processes", "--ray-address", "--seed", "--run-name", "--resume")
+LAUNCHER_FLAGS = ("--num-seeds", "--seed-processes", "--ray-address", "--seed", "--run-name", "--resume", "--grid")
 
 
 class LaunchError(Exception):
@@ -95,36 +95,154 @@ def flag_value(argv: list[str], name: str) -> str | None:
     return command_flags(argv).get(name)
 
 
+def split_grid(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(argv less --grid, the grid's axes): --grid takes every item after it up to the next flag, each FLAG=V1,V2,..."""
+    rest, axes, in_grid = [], [], False
+    for item in argv:
+        if item == "--grid" or item.startswith("--grid="):
+            in_grid = True
+            axes += [item.partition("=")[2]] if "=" in item else []
+        elif in_grid and not item.startswith("--"):
+            axes.append(item)
+        else:
+            in_grid = False
+            rest.append(item)
+    return rest, axes
+
+
 def without_launcher_flags(argv: list[str]) -> list[str]:
-    """argv less the launcher's flags and their values."""
-    return [item for name, _, items in flag_items(argv) if name not in LAUNCHER_FLAGS for item in items]
+    """argv less the launcher's flags and their values (--grid's too)."""
+    rest = split_grid(argv)[0]
+    return [item for name, _, items in flag_items(rest) if name not in LAUNCHER_FLAGS for item in items]
 
 
 def asked(argv: list[str]) -> bool:
-    """Whether this command line asks for several seeds (and not for --help)."""
+    """Whether this command line asks for several runs: seeds or a grid of configurations (and not for --help)."""
     if "-h" in argv or "--help" in argv:
         return False
+    if split_grid(argv)[1] or "--grid" in argv or flag_value(argv, "--ray-address"):
+        return True  # --ray-address alone is refused here (plan), in one line
     try:
         return int(flag_value(argv, "--num-seeds") or 1) > 1
     except ValueError:
-        return False  # not a number: the script's own parser says so
+        return True  # not a whole number: said in one line (whole_number), not in the script's parser's box
 
 
-def script_defaults(script: str) -> dict:
-    """The literal defaults of the script's `Args` fields, read from its source (the launcher imports no torch)."""
+def script_fields(script: str) -> dict[str, tuple[str, object]]:
+    """{name: (annotation, literal default)} of the script's `Args` fields that are flags, read from its source (the
+    launcher imports no torch), those of an `Args` it extends (dppo_ray.py's: `ppo.Args`, from the module it imports
+    as `ppo`) first; a default that is not a literal is None. The fields the script computes (batch_size and the
+    like, "computed in runtime") and those kept off its command line (tyro.conf.Suppress) are no flags."""
     try:
         with open(script) as f:
             tree = ast.parse(f.read())
     except (OSError, SyntaxError):
         return {}
-    defaults = {}
+    modules = {}  # the name a module is imported as -> its file beside the script
     for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == "Args":
-            for item in node.body:
-                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.value is not None:
-                    with contextlib.suppress(ValueError):
-                        defaults[item.target.id] = ast.literal_eval(item.value)
-    return defaults
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                path = os.path.join(os.path.dirname(script), alias.name.replace(".", os.sep) + ".py")
+                modules[alias.asname or alias.name] = path
+    fields: dict[str, tuple[str, object]] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef) or node.name != "Args":
+            continue
+        for base in node.bases:
+            if isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name) and base.value.id in modules:
+                fields |= script_fields(modules[base.value.id])
+        for item, after in zip(node.body, [*node.body[1:], None]):
+            if not isinstance(item, ast.AnnAssign) or not isinstance(item.target, ast.Name):
+                continue
+            annotation = ast.unparse(item.annotation)
+            docstring = (
+                after.value.value if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) else ""
+            )
+            if "Suppress" in annotation or "computed in runtime" in str(docstring):
+                fields.pop(item.target.id, None)
+                continue
+            default = None
+            with contextlib.suppress(ValueError, TypeError, SyntaxError):
+                default = ast.literal_eval(item.value) if item.value is not None else None
+            fields[item.target.id] = (annotation, default)
+    return fields
+
+
+def script_defaults(script: str) -> dict:
+    """The literal defaults of the script's `Args` fields."""
+    return {name: default for name, (_, default) in script_fields(script).items() if default is not None}
+
+
+def grid_configurations(axes: list[str], script: str, reserved: dict[str, str] | None = None) -> list[tuple[str, list]]:
+    """(label, flags) of every combination of the grid's values, in the order given (the first is the baseline of
+    the comparisons); `axes`: FLAG=V1,V2 each. A label is FLAG=VALUE for each axis, joined by "__", so that the
+    folders' names say it; each value is written one way for its flag's type (1e-4 and 0.0001 are one configuration,
+    0.0001), and a switch's values are true or false (--flag, --no-flag). `reserved`: flags the grid may not vary, each
+    with why. The one reading of a grid: the launcher's --grid and benchmarks/learning.py's."""
+    fields = script_fields(script)
+    choices: list[tuple[str, list[tuple[str, str]]]] = []
+    for axis in axes:
+        name, sep, values = axis.partition("=")
+        name = name.removeprefix("--").replace("_", "-")
+        if not sep or not name or not all(values.split(",")):
+            raise LaunchError(f"--grid {axis}: each axis is FLAG=V1,V2 (values separated by commas, none empty)")
+        if name in (reserved or {}):
+            raise LaunchError(f"--grid {axis}: {reserved[name]}")
+        if name.replace("-", "_") not in fields:
+            raise LaunchError(f"--grid {axis}: {os.path.basename(script)} has no flag --{name}")
+        if name in [chosen for chosen, _ in choices]:
+            raise LaunchError(f"--grid names --{name} twice: give all its values in one axis")
+        kind = fields[name.replace("-", "_")][0]
+        kind = "bool" if kind.endswith("bool]") else kind
+        written = [grid_value(name, value, kind) for value in values.split(",")]
+        if len(set(written)) < len(written) or any(not v or v != v.strip() or "/" in v or "|" in v for v in written):
+            raise LaunchError(f"--grid {axis}: give distinct values without spaces, '/' or '|' (they name folders)")
+        if kind == "bool":
+            choices.append((name, [(f"{name}={v}", f"--{'' if v == 'True' else 'no-'}{name}") for v in written]))
+        else:
+            choices.append((name, [(f"{name}={v}", f"--{name}={v}") for v in written]))
+    combos: list[tuple[str, list]] = [("", [])]
+    for _, options in choices:
+        combos = [(f"{label}__{part}".strip("_"), [*flags, flag]) for label, flags in combos for part, flag in options]
+    return combos
+
+
+def grid_value(name: str, value: str, kind: str) -> str:
+    """A grid value written one way for its flag's type (the annotation's text): a float as Python writes it (0.0003),
+    an int as an int, a switch as True or False; other values as given."""
+    base = "bool" if kind.endswith("bool]") else kind.split("|")[0].strip()  # a tyro.conf marker's switch too
+    try:
+        if base == "float":
+            return repr(float(value))
+        if base == "int":
+            return str(int(value))
+    except ValueError:
+        kind_name = "a number" if base == "float" else "an integer"
+        raise LaunchError(f"--grid {name}={value}: --{name} takes {kind_name}") from None
+    if base == "bool":
+        if value.lower() not in ("true", "false"):
+            raise LaunchError(f"--grid {name}={value}: --{name} is a switch; its values are true and false")
+        return "True" if value.lower() == "true" else "False"
+    return value
+
+
+def configurations(script: str, argv: list[str]) -> list[tuple[str, list[str]]]:
+    """--grid's configurations of this command line (grid_configurations); [("", [])] without a grid. A flag the grid
+    varies may not be given outside it too, and the launcher's own flags are not the grid's."""
+    rest, axes = split_grid(argv)
+    if not axes:
+        if "--grid" in argv:
+            raise LaunchError("--grid takes FLAG=V1,V2 [FLAG=V1,V2 ...], e.g. --grid learning-rate=1e-4,3e-4")
+        return [("", [])]
+    reserved = {
+        flag.removeprefix("--"): "the launcher's flag; the grid varies the script's own" for flag in LAUNCHER_FLAGS
+    }
+    for name, _, _ in flag_items(rest):
+        if name is not None:
+            reserved[name.removeprefix("--").removeprefix("no-")] = (
+                f"{name} is also given outside the grid: give it once"
+            )
+    return grid_configurations(axes, script, reserved)
 
 
 def whole_number(argv: list[str], name: str, default: int, least: int) -> int:
@@ -140,19 +258,30 @@ def whole_number(argv: list[str], name: str, default: int, least: int) -> int:
 
 @dataclass
 class Seed:
-    """One seed's single run: its seed, folder (runs/<run-name>__<seed>) and flags; `fresh`: its folder is removed
-    before it starts (--overwrite, or a folder left without a checkpoint)."""
+    """One seed's single run: its seed, folder (runs/<run-name>__<seed>, with --grid runs/<run-name>__<config>__<seed>)
+    and flags; `fresh`: its folder is removed before it starts (--overwrite, or a folder left without a checkpoint);
+    `config`: its configuration's label (--grid); `command`: where the run is not `python <script> <flags>` (another
+    interpreter or script, as benchmarks/learning.py's runs)."""
 
     seed: int
     run_dir: str
     flags: list[str]
     fresh: bool = False
     note: str = ""
+    config: str = ""
+    command: list[str] | None = None
+
+    @property
+    def name(self) -> str:
+        """How the lines and the table name it."""
+        return f"{self.config} seed {self.seed}" if self.config else f"seed {self.seed}"
 
 
 def new_seeds(script: str, argv: list[str]) -> list[Seed]:
-    """--num-seeds N from --seed: each seed's flags are this command's, with its own --seed and --run-name."""
+    """--num-seeds N from --seed, for each configuration of --grid: each seed's flags are this command's, with its
+    configuration's and its own --seed and --run-name."""
     defaults = script_defaults(script)
+    configs = configurations(script, argv)
     count = whole_number(argv, "--num-seeds", 1, 1)
     first = whole_number(argv, "--seed", int(defaults.get("seed", 1)), 0)
     flags = without_launcher_flags(argv)
@@ -163,14 +292,18 @@ def new_seeds(script: str, argv: list[str]) -> list[Seed]:
         base = f"{env_id.replace(':', '_')}__{exp_name}__{int(time.time())}"
     overwrite = "--overwrite" in flags
     seeds = []
-    for seed in range(first, first + count):
-        run_dir = os.path.join("runs", f"{base}__{seed}")
-        if os.path.exists(run_dir) and not overwrite:
-            raise LaunchError(
-                f"{run_dir} already exists: continue the seeds with --resume {os.path.join(run_dir, 'checkpoint.pt')} "
-                f"--seed {first} --num-seeds {count}, or start them afresh with --overwrite"
-            )
-        seeds.append(Seed(seed, run_dir, [*flags, f"--seed={seed}", f"--run-name={base}__{seed}"], fresh=overwrite))
+    for label, config_flags in configs:
+        for seed in range(first, first + count):
+            run_name = f"{base}__{label}__{seed}" if label else f"{base}__{seed}"
+            run_dir = os.path.join("runs", run_name)
+            if os.path.exists(run_dir) and not overwrite:
+                raise LaunchError(
+                    f"{run_dir} already exists: continue the seeds with --resume "
+                    f"{os.path.join(run_dir, 'checkpoint.pt')} --seed {first} --num-seeds {count}, or start them "
+                    "afresh with --overwrite"
+                )
+            run_flags = [*flags, *config_flags, f"--seed={seed}", f"--run-name={run_name}"]
+            seeds.append(Seed(seed, run_dir, run_flags, fresh=overwrite, config=label))
     return seeds
 
 
@@ -221,7 +354,16 @@ def plan(script: str, argv: list[str]) -> list[Seed]:
         raise LaunchError("--eval-checkpoint evaluates one policy: leave out --num-seeds")
     if "--resume" in flags and "--overwrite" in flags:
         raise LaunchError("--resume and --overwrite do not fit together: continue the seeds, or start them afresh")
+    if "--resume" in flags and split_grid(argv)[1]:
+        raise LaunchError(
+            "--resume continues the seeds of one configuration: --resume runs/<run-name>__<config>__<seed>/"
+            "checkpoint.pt --num-seeds N, without --grid (the closing lines of the launch give each command)"
+        )
     whole_number(argv, "--seed-processes", 0, 0)
+    if flag_value(argv, "--ray-address") and whole_number(argv, "--num-seeds", 1, 1) == 1 and not split_grid(argv)[1]:
+        raise LaunchError(
+            "--ray-address sends the runs of --num-seeds or --grid to a cluster: give --num-seeds 2 or more"
+        )
     return resumed_seeds(argv) if flag_value(argv, "--resume") else new_seeds(script, argv)
 
 
@@ -233,8 +375,8 @@ class SeedProcess:
     output.log, and its progress read from a pipe of its own. In a session of its own, so that a Ctrl-C at the
     terminal reaches only the launcher, which passes it on once."""
 
-    def __init__(self, script: str, seed: Seed, events: queue.Queue):
-        self.seed, self.events = seed, events
+    def __init__(self, script: str, seed: Seed, events: queue.Queue, cwd: str | None = None):
+        self.seed, self.events, self.cwd = seed, events, cwd
         self.lines: list[tuple[str, str]] = []  # (kind, line), kept until the run has made its folder
         self.log = None
         self.step = self.total = 0
@@ -244,7 +386,8 @@ class SeedProcess:
         progress_read, progress_write = os.pipe()
         env = dict(os.environ, **{PROGRESS_FD: str(progress_write)})
         self.proc = subprocess.Popen(
-            [sys.executable, script, *seed.flags],
+            seed.command or [sys.executable, script, *seed.flags],
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -283,13 +426,17 @@ class SeedProcess:
         if line is not None:
             self.lines.append((kind, line))
         if self.log is None:
-            if not os.path.isdir(self.seed.run_dir):
+            if not os.path.isdir(self.run_dir):
                 return []
-            self.log = open(os.path.join(self.seed.run_dir, "output.log"), "a")  # noqa: SIM115 (closed in close())
+            self.log = open(os.path.join(self.run_dir, "output.log"), "a")  # noqa: SIM115 (closed in close())
         said, self.lines = self.lines, []
         for _, held in said:
             self.log.write(held + "\n")
         return said
+
+    @property
+    def run_dir(self) -> str:
+        return os.path.join(self.cwd or "", self.seed.run_dir)
 
     def signal(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -337,12 +484,12 @@ class Ended:
 class Launch:
     """The seeds' runs on this machine, `parallel` at a time, with one progress display and the signals passed on."""
 
-    def __init__(self, script: str, seeds: list[Seed], parallel: int, quiet: bool):
-        self.script, self.prog = script, os.path.basename(script)
+    def __init__(self, script: str, seeds: list[Seed], parallel: int, quiet: bool, cwd: str | None = None):
+        self.script, self.prog, self.cwd = script, os.path.basename(script), cwd
         self.waiting = list(seeds)
         self.parallel, self.quiet = parallel, quiet
         self.running: list[SeedProcess] = []
-        self.started: dict[int, SeedProcess] = {}
+        self.started: dict[str, SeedProcess] = {}
         self.ended: list[Ended] = []
         self.events: queue.Queue = queue.Queue()
         self.stop = TwoStageStop(self.stop_after_iteration, self.stop_now)  # its signum: the latest signal
@@ -359,14 +506,14 @@ class Launch:
         for child in self.running:
             child.stop_after_iteration(signum)
         self.say(
-            f"{self.prog}: {signal_name(signum)}: each running seed saves a checkpoint after its iteration, and no new "
-            "seed starts (signal again to quit now)"
+            f"{self.prog}: {signal_name(signum)}: each run under way saves a checkpoint after its iteration, and no "
+            "new run starts (signal again to quit now)"
         )
 
     def stop_now(self, signum: int) -> None:
         for child in self.running:
             child.signal(signum)
-        self.say(f"{self.prog}: {signal_name(signum)} again: the running seeds quit now (their last checkpoints stay)")
+        self.say(f"{self.prog}: {signal_name(signum)} again: the runs under way quit now (their last checkpoints stay)")
 
     def may_start(self) -> bool:
         """Whether a waiting seed starts now: a process is free, no signal came, and no seed's flags were refused."""
@@ -384,9 +531,9 @@ class Launch:
                     while self.may_start():
                         seed = self.waiting.pop(0)
                         if seed.note:
-                            self.say(f"{self.prog}: seed {seed.seed} {seed.note}")
-                        self.running.append(SeedProcess(self.script, seed, self.events))
-                        self.started[seed.seed] = self.running[-1]
+                            self.say(f"{self.prog}: {seed.name} {seed.note}")
+                        self.running.append(SeedProcess(self.script, seed, self.events, self.cwd))
+                        self.started[seed.name] = self.running[-1]
                         if self.stop.signum is not None:  # the signal came while it was being started
                             self.running[-1].stop_after_iteration(self.stop.signum)
                     if not self.running:
@@ -401,7 +548,7 @@ class Launch:
         return self.ended
 
     def handle(self, child: SeedProcess, kind: str, payload) -> None:
-        prefix = f"seed {child.seed.seed}: "
+        prefix = f"{child.seed.name}: "
         if kind == "progress":
             with contextlib.suppress(ValueError):
                 step, total, recent = payload.split()
@@ -418,11 +565,11 @@ class Launch:
         else:  # ended
             self.running.remove(child)
             early = []
-            if payload == 2 and not os.path.isdir(child.seed.run_dir):
+            if payload == 2 and not os.path.isdir(child.run_dir):
                 early = [line for _, line in child.lines]  # refused flags are every seed's: said once, none more starts
                 self.refused = True
             else:
-                for held_kind, line in child.keep("err", None) if os.path.isdir(child.seed.run_dir) else child.lines:
+                for held_kind, line in child.keep("err", None) if os.path.isdir(child.run_dir) else child.lines:
                     self.echo(prefix + line, held_kind)
             child.close()
             self.ended.append(Ended(child.seed, payload, early, child.started))
@@ -447,9 +594,11 @@ class Launch:
         self.bar.total = max(c.total for c in children) * count or None
         self.bar.n = sum(c.step for c in children)
         returns = " ".join(
-            f"{c.seed.seed}:{'n/a' if c.recent_return is None else f'{c.recent_return:.0f}'}" for c in self.running
+            f"{c.seed.name.removesuffix(f' seed {c.seed.seed}')}{'/' if c.seed.config else ''}{c.seed.seed}:"
+            f"{'n/a' if c.recent_return is None else f'{c.recent_return:.0f}'}"
+            for c in self.running
         )
-        self.bar.set_postfix_str(f"{len(self.ended)} of {count} seeds done; returns {returns}", refresh=False)
+        self.bar.set_postfix_str(f"{len(self.ended)} of {count} runs done; returns {returns}", refresh=False)
         self.bar.refresh()
 
 
@@ -470,43 +619,85 @@ def seed_status(ended: Ended) -> str:
 
 
 def report(prog: str, ended: list[Ended], not_started: list[Seed], first: int) -> list[str]:
-    """The closing lines (stdout): a row for each seed, the statistics of the completed seeds' final returns, the
-    TensorBoard command and, when a seed did not complete, which, and how to continue them all."""
-    rows = sorted(ended, key=lambda e: e.seed.seed)
-    count = len(rows) + len(not_started)
-    lines = [f"{prog}: {count} seeds", f"{'seed':>6}  {'status':<20}{'steps':>10}  final return"]
-    finals = []
-    for row in rows:
-        summary, status = row.summary, seed_status(row)
+    """The closing lines (stdout): a row for each seed, the statistics of the completed seeds' final returns (for
+    each configuration of a grid, and each configuration against the first), the TensorBoard command and, when a seed
+    did not complete, which, and how to continue them."""
+    configs = list(dict.fromkeys(seed.config for seed in [*(row.seed for row in ended), *not_started]))
+    width = max(len("config"), *map(len, configs)) + 2 if configs != [""] else 0
+    rows = sorted(
+        [(row, seed_status(row), row.summary) for row in ended]
+        + [(Ended(s, None), "not started", {}) for s in not_started],
+        key=lambda row: (configs.index(row[0].seed.config), row[0].seed.seed),
+    )
+    count = f"{len(configs)} configurations x {len(rows) // len(configs)} seeds" if width else f"{len(rows)} seeds"
+    lines = [
+        f"{prog}: {count}",
+        f"{'config' if width else '':<{width}}{'seed':>6}  {'status':<20}{'steps':>10}  final return",
+    ]
+    finals: dict[str, list[float]] = {config: [] for config in configs}
+    for row, status, summary in rows:
         final = final_return(summary)
         if final is not None and status == "completed":
-            finals.append(float(final))
+            finals[row.seed.config].append(float(final))
         shown = "n/a" if final is None else f"{final:.2f}"
-        lines.append(f"{row.seed.seed:>6}  {status:<20}{summary.get('env_steps', 0):>10}  {shown}")
-    for seed in not_started:
-        lines.append(f"{seed.seed:>6}  {'not started':<20}{0:>10}  n/a")
-    if finals:
-        mean, std, interval = mean_std_interval(finals)
-        line = f"final return (each seed's mean over its last episodes): mean {mean:.2f} over {len(finals)} "
-        line += "completed seeds" if len(finals) < len(rows) + len(not_started) else "seeds"
-        if std is not None:
-            line += f", std {std:.2f}, 95% t-interval [{interval[0]:.2f}, {interval[1]:.2f}]"
-        lines.append(line)
-    folders = [row.seed for row in rows if os.path.isdir(row.seed.run_dir)]
+        steps = summary.get("env_steps", 0)
+        lines.append(f"{row.seed.config:<{width}}{row.seed.seed:>6}  {status:<20}{steps:>10}  {shown}")
+    for config in configs:
+        lines += final_return_lines(config, finals[config], sum(row.seed.config == config for row, *_ in rows))
+    for config in configs[1:]:
+        lines += comparison_lines(configs[0], finals[configs[0]], config, finals[config])
+    folders = [row.seed for row, *_ in rows if os.path.isdir(row.seed.run_dir)]
     if folders:
-        spec = ",".join(f"seed{s.seed}:{s.run_dir}" for s in folders)
+        spec = ",".join(f"{s.config + '__' if s.config else ''}seed{s.seed}:{s.run_dir}" for s in folders)
         lines.append(f"curves: tensorboard --logdir_spec {spec}")
-    unfinished = [row.seed.seed for row in rows if seed_status(row) != "completed"] + [s.seed for s in not_started]
-    if unfinished:
-        which = ", ".join(str(seed) for seed in sorted(unfinished))
-        recorded = [row.seed for row in rows if os.path.isfile(os.path.join(row.seed.run_dir, "run.json"))]
-        if recorded:
-            checkpoint = os.path.join(recorded[0].run_dir, "checkpoint.pt")
-            again = f"python {prog} --resume {checkpoint} --seed {first} --num-seeds {count}"
-            lines.append(f"not completed: seed {which}; continue every seed with: {again}")
-        else:
-            lines.append(f"not completed: seed {which}; none of them started training: run the same command again")
+    for config in configs:
+        unfinished = [(row.seed, status) for row, status, _ in rows if row.seed.config == config]
+        lines += continue_lines(prog, unfinished, first)
     return lines
+
+
+def final_return_lines(config: str, finals: list[float], count: int) -> list[str]:
+    """The mean, std and 95% t-interval of one configuration's completed seeds' final returns."""
+    if not finals:
+        return []
+    mean, std, interval = mean_std_interval(finals)
+    line = f"{config}: " if config else ""
+    line += f"final return (each seed's mean over its last episodes): mean {mean:.2f} over {len(finals)} "
+    line += "completed seeds" if len(finals) < count else "seeds"
+    if std is not None:
+        line += f", std {std:.2f}, 95% t-interval [{interval[0]:.2f}, {interval[1]:.2f}]"
+    return [line]
+
+
+def comparison_lines(baseline: str, base: list[float], config: str, finals: list[float]) -> list[str]:
+    """A configuration against the first: the difference of the mean final returns, Welch's 95% interval and the exact
+    permutation test's p, beside the least p that these seed counts allow (a difference no test of so few seeds can
+    show is said as such)."""
+    if len(base) < 2 or len(finals) < 2:
+        return [f"{config} vs {baseline}: too few completed seeds to compare (2 of each at least)"]
+    low, high = welch_interval(finals, base)
+    difference = sum(finals) / len(finals) - sum(base) / len(base)
+    p, floor = permutation_pvalue(finals, base), permutation_floor(len(finals), len(base))
+    line = f"{config} vs {baseline}: difference {difference:+.2f}, Welch 95% interval [{low:.2f}, {high:.2f}], "
+    line += f"permutation p = {p:.3f} (the least p {len(finals)} + {len(base)} seeds allow: {floor:.3f})"
+    if floor > 0.05:
+        line += "; too few seeds for p < 0.05"
+    return [line]
+
+
+def continue_lines(prog: str, seeds: list[tuple[Seed, str]], first: int) -> list[str]:
+    """Which seeds of one configuration did not complete (`seeds`: each with its status), and the command that
+    continues them all: --resume of a seed that saved a checkpoint (which holds its flags; a seed without one starts
+    afresh), or, where none did, the launch again over its folders."""
+    unfinished = [seed for seed, status in seeds if status != "completed"]
+    if not unfinished:
+        return []
+    which = f"{seeds[0][0].config + ' ' if seeds[0][0].config else ''}seed {', '.join(str(s.seed) for s in unfinished)}"
+    saved = [seed for seed, _ in seeds if os.path.isfile(os.path.join(seed.run_dir, "checkpoint.pt"))]
+    if saved:
+        again = f"python {prog} --resume {os.path.join(saved[0].run_dir, 'checkpoint.pt')} --seed {first} "
+        return [f"not completed: {which}; continue every seed with: {again}--num-seeds {len(seeds)}"]
+    return [f"not completed: {which}; none saved a checkpoint: start again with the same command and --overwrite"]
 
 
 def exit_status(ended: list[Ended], not_started: list[Seed], signum: int | None) -> int:
@@ -562,8 +753,42 @@ def launch(script: str, argv: list[str]) -> int:
             print(text, file=sys.stderr)
     if ended and len(refusals) == len(ended):
         return 2
-    print("\n".join(report(prog, ended, not_started, seeds[0].seed)), flush=True)
+    lines = report(prog, ended, not_started, seeds[0].seed)
+    if seeds[0].config:  # a grid: the configurations' curves side by side
+        first = seeds[0]
+        lines.append(plot_configurations(ended, first.run_dir[: -len(f"__{first.config}__{first.seed}")] + ".png"))
+    print("\n".join(lines), flush=True)
     return exit_status(ended, not_started, signum)
+
+
+def plot_configurations(ended: list[Ended], path: str) -> str:
+    """Each configuration's curve, the mean return of the last 100 episodes against env steps (the mean and sample std
+    over its completed seeds), drawn into `path` where matplotlib is installed; the line that says where, or why not."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # into a file: no display may be there
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no plot of the curves: matplotlib is not installed (pip install matplotlib)"
+    from run_record import read_curve
+    from seed_statistics import plot_mean_and_std
+
+    figure, ax = plt.subplots(figsize=(8, 5))
+    for config in dict.fromkeys(row.seed.config for row in ended):
+        rows = [row for row in ended if row.seed.config == config and seed_status(row) == "completed"]
+        curves = [curve for row in rows if (curve := read_curve(row.seed.run_dir)) is not None]
+        if curves:
+            plot_mean_and_std(ax, curves, 0, f"{config} ({len(curves)} seeds)")
+    if not ax.lines:
+        plt.close(figure)
+        return "no plot of the curves: no configuration has a completed seed with episodes"
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("mean return of the last 100 episodes")
+    ax.legend(fontsize="small")
+    figure.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(figure)
+    return f"curves of the configurations (mean and std over seeds): {path}"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -587,7 +812,7 @@ def seeds_on_cluster(script: str, seeds: list[Seed], address: str) -> tuple[list
         argv = [os.path.basename(script), *flags]
         jobs.append(
             {
-                "label": f"seed {seed.seed}",
+                "label": seed.name,
                 "run_name": run_name,
                 "argv": {"resume" if resume else "new": argv, "new" if resume else "resume": None},
                 "folder_tar": folder_tar,
@@ -598,7 +823,5 @@ def seeds_on_cluster(script: str, seeds: list[Seed], address: str) -> tuple[list
         )
     started = time.time() - 1.0
     statuses, signum = run_on_cluster(jobs, address, os.path.abspath("runs"), repo)
-    ended = [
-        Ended(seed, statuses[f"seed {seed.seed}"], started=started) for seed in seeds if f"seed {seed.seed}" in statuses
-    ]
-    return ended, [seed for seed in seeds if f"seed {seed.seed}" not in statuses], signum
+    ended = [Ended(seed, statuses[seed.name], started=started) for seed in seeds if seed.name in statuses]
+    return ended, [seed for seed in seeds if seed.name not in statuses], signum

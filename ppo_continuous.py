@@ -11,8 +11,8 @@ The file reads top to bottom as the algorithm: flags, env, agent, acting, the ro
 update, the training loop. The math lives in gae.py; every gradient is autograd's through Agent and gae.ppo_loss, by
 one function (clipped_gradient, compiled where it compiles), and every step is the optimizer's that make_learner built.
 fast_paths.py holds the numpy mirror of acting (audited on every rollout) and when the compiled gradient steps aside;
-checkpoints.py and run_management.py what makes a run safe to interrupt, resume and compare. --num-seeds launches this
-file once per seed (launcher.py, before torch is imported); dppo_ray.py runs its steps with Ray actors as the Sampler.
+checkpoints.py and run_management.py what makes a run safe to interrupt, resume and compare; launcher.py (before torch
+is imported) --num-seeds and --grid, as single runs of this file; dppo_ray.py runs its training loop on Ray actors.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sys
 
 import launcher  # the standard library only
 
-if __name__ == "__main__" and launcher.asked(sys.argv[1:]):  # N seeds: N single runs of this file, as processes
+if __name__ == "__main__" and launcher.asked(sys.argv[1:]):  # seeds, a grid: single runs of this file, as processes
     sys.exit(launcher.launch(__file__, sys.argv[1:]))
 
 import importlib
@@ -150,13 +150,15 @@ class Args:
     """compile the minibatch's loss and gradient with torch.compile (cached on disk; eager where it cannot, with one
     line); --no-compile: the same gradient function run eagerly, without the compile's start-up"""
     num_seeds: int = 1
-    """train this many seeds (--seed, --seed + 1, ...), each the single run of this command with its own --seed, in
-    a process of its own and a folder runs/<run-name>__<seed> (launcher.py)"""
+    """train this many seeds (--seed, --seed + 1, ...), each the single run of this command with its own --seed, in a
+    process and a folder of its own, runs/<run-name>__<seed> (launcher.py)"""
+    grid: list[str] = field(default_factory=list)
+    """FLAG=V1,V2 [FLAG=V1,V2 ...]: every combination of these values, --num-seeds seeds each, in
+    runs/<run-name>__<FLAG=V>__<seed>, and at the end each combination against the first (launcher.py)"""
     seed_processes: int = 0
-    """with --num-seeds: how many seeds run at once (0: one per core this process may use)"""
+    """with --num-seeds or --grid: how many runs go at once (0: one per core this process may use)"""
     ray_address: str | None = None
-    """with --num-seeds: run the seeds as Ray tasks on this cluster (`auto`: the one `ray start` set up here), each
-    seed's folder brought back into runs/"""
+    """with --num-seeds or --grid: the runs are Ray tasks on this cluster (`auto`: the one `ray start` set up here)"""
 
     # to be filled in runtime
     batch_size: int = 0
@@ -777,10 +779,8 @@ def training_loop(run: Run, loop: TrainingLoop) -> None:
 
 
 def train(args: Args) -> int:
-    if args.ray_address:
-        raise UsageError("--ray-address sends the seeds of --num-seeds to a cluster: give --num-seeds 2 or more")
-    if args.num_seeds > 1:  # the launch at the top of this file takes it from the command line
-        raise UsageError("--num-seeds launches a process per seed: run this file from the command line")
+    if args.num_seeds > 1 or args.grid or args.ray_address:  # the launcher at the top of this file takes these
+        raise UsageError("--num-seeds, --grid and --ray-address launch a process per run: run this file as a script")
     ckpt = resume_checkpoint(args)
     run = start_run(args, ckpt, run_management.seed_everything(args))
     run_management.say_rounded_timesteps(args)

@@ -20,6 +20,7 @@ import contextlib
 import glob
 import io
 import json
+import logging
 import os
 import shutil
 import signal
@@ -30,6 +31,7 @@ import tarfile
 import tempfile
 import time
 import uuid
+import warnings
 
 import run_record
 import stop_signals
@@ -54,6 +56,51 @@ def ray_address_answers(address: str) -> bool:
     except (OSError, ValueError):
         return False
     return True
+
+
+def connect(address: str | None, runtime_env: dict, **init_kwargs):
+    """The one way this repository's code joins Ray: the cluster at `address` (`auto`: the one `ray start` set up on
+    this node; host:port: a remote head) or, with None, a Ray of this process's own; quietly, its workers with
+    `runtime_env`. Nothing answering there, or ray.init refusing, is one ClusterError line. Returns the ray module."""
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # read when ray is imported: each worker's lines are kept whole
+    # A Ray started here would hold ray.init until it had started an idle worker per CPU, which workers that carry a
+    # runtime_env of their own never take (they start their own).
+    os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+    import ray
+
+    if address not in (None, "auto", "local") and not ray_address_answers(address):
+        raise ClusterError(f"cannot reach Ray at --ray-address {address}: nothing answers there")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            # "local" always starts a new Ray; ray.init() with no address would join whatever cluster on this machine
+            # was started last (another user's run, a test cluster), against the scripts' documented default.
+            ray.init(
+                address=address or "local",
+                runtime_env=runtime_env,
+                logging_level=logging.ERROR,
+                log_to_driver=True,
+                **init_kwargs,
+            )
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise ClusterError(f"cannot reach Ray at --ray-address {address}: {first_line(e)}") from None
+    return ray
+
+
+def cpu_counts(ray) -> tuple[float, float, float]:
+    """(CPUs free now, CPUs in all, the most CPUs one live node has) of the Ray this process joined."""
+    largest = max((node["Resources"].get("CPU", 0) for node in ray.nodes() if node["Alive"]), default=0)
+    return ray.available_resources().get("CPU", 0), ray.cluster_resources().get("CPU", 0), largest
+
+
+def refuse_what_does_not_fit(ray, what: str, total: float, each: float, hint: str = "") -> None:
+    """Work that would wait for CPUs forever is refused at once, in one ClusterError line: `what` needs `total` CPUs
+    free now, and `each` of its parts needs that many CPUs on one node."""
+    free, cpus, largest = cpu_counts(ray)
+    if total > free:
+        raise ClusterError(f"{what} needs {total:g} CPUs; the cluster has {free:g} free of {cpus:g}{hint}")
+    if each > largest:
+        raise ClusterError(f"{what} needs {each:g} CPUs on one node; the largest node has {largest:g}{hint}")
 
 
 def run_on_node(job: dict) -> dict:
@@ -340,38 +387,22 @@ def run_on_cluster(
     if not jobs:
         return {}, None
     prog = prog or os.path.basename(sys.argv[0])
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # read when ray is imported: each run's "running on" line is kept
-    import ray
-    import ray.cloudpickle
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     excludes = list(UPLOAD_EXCLUDES)
     runs_root = os.path.abspath(runs_root)
     if runs_root.startswith(working_dir + os.sep):
         excludes.append(os.path.relpath(runs_root, working_dir))
-    if address not in ("auto", "local") and not ray_address_answers(address):
-        raise ClusterError(f"cannot reach Ray at --ray-address {address}: nothing answers there")
-    try:
-        ray.init(
-            address=address,
-            runtime_env={"working_dir": working_dir, "excludes": excludes},
-            logging_level="ERROR",
-            log_to_driver=True,
-        )
-    except (ConnectionError, RuntimeError, ValueError) as e:
-        raise ClusterError(f"cannot reach Ray at --ray-address {address}: {first_line(e)}") from None
+    connect(address, {"working_dir": working_dir, "excludes": excludes})
+    import ray
+    import ray.cloudpickle
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
     # Workers may not import these modules by name (a copy's folder without them): send their functions by value.
     for module in (sys.modules[__name__], run_record, stop_signals):
         ray.cloudpickle.register_pickle_by_value(module)
     try:
-        total = ray.cluster_resources().get("CPU", 0)
-        largest = max((node["Resources"].get("CPU", 0) for node in ray.nodes() if node["Alive"]), default=0)
-        too_big = [job for job in jobs if job["cpus"] > largest]
-        if too_big:  # a run needs its CPUs on one node; Ray would wait for such a node forever
-            raise ClusterError(
-                f"{too_big[0]['label']} needs {too_big[0]['cpus']:g} CPUs on one node; the largest node has {largest:g}"
-            )
-        print(f"{prog}: {len(jobs)} runs to the cluster ({total:g} CPUs)", file=sys.stderr, flush=True)
+        for job in jobs:  # the runs queue for the CPUs, but each needs its own on one node
+            refuse_what_does_not_fit(ray, job["label"], 0, job["cpus"])
+        print(f"{prog}: {len(jobs)} runs to the cluster ({cpu_counts(ray)[1]:g} CPUs)", file=sys.stderr, flush=True)
         # on the head's own node: a node lost mid-run must not take the flag with it
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         stop = ray.remote(num_cpus=0, scheduling_strategy=here)(StopFlag).remote()

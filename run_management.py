@@ -361,6 +361,14 @@ def progress_channel():
         return None
 
 
+def report_progress(channel, step: int, total: int, recent_return: float | None) -> None:
+    """A line of a run's progress to its launcher (the pipe of progress_channel), as launcher.SeedProcess reads it:
+    the steps taken, the run's budget and the mean return of its last episodes ("nan" before the first ends)."""
+    recent = "nan" if recent_return is None else f"{recent_return:.1f}"
+    with contextlib.suppress(OSError):  # a launcher that has gone does not stop the run
+        channel.write(f"{step} {total} {recent}\n")
+
+
 class Monitor:
     """The console of a run and the guard's bookkeeping: the progress bar, warnings (at most one of a kind per 50
     iterations), the guard's counters and its patience, the health warnings. It reads the step and iteration from the
@@ -449,8 +457,7 @@ class Monitor:
         recent = f"{self.mean_return():.1f}" if self.state.recent_returns else "n/a"
         self.progress.set_postfix_str(f"return={recent}", refresh=False)
         if self.launcher is not None:
-            with contextlib.suppress(OSError):  # a launcher that has gone does not stop the run
-                self.launcher.write(f"{global_step} {self.progress.total} {recent.replace('n/a', 'nan')}\n")
+            report_progress(self.launcher, global_step, self.progress.total, self.mean_return())
 
     def wall_time(self) -> float:
         """Seconds of training, earlier sessions of a resumed run included."""

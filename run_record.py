@@ -1,21 +1,23 @@
 """What a run records of itself and how it talks, in the standard library only: the launcher, the Ray runner and
-benchmarks/learning.py's sweeps read it without importing torch.
+benchmarks/learning.py's sweeps read it without importing torch (numpy and tensorboard only where a curve is read).
 
 - What a run ran on, in run.json: the Python, the packages that decide whether two runs compare, the CPU; and the
   files' SHA-256 that its code is recorded by.
-- How a run ended, in summary.json: read back, and its final return.
+- How a run ended, in summary.json: read back, and its final return; its curve, from its TensorBoard events.
 - Its console: the pipe a launcher reads its progress from, a console that outlives its reader, and an exception's
   message in one line.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import importlib.metadata
 import json
 import os
 import platform
 import sys
+from collections import deque
 
 # ---------------------------------------------------------------------------------------------------------------------
 # What a run ran on, in run.json: read without torch, by the launcher and by benchmarks/learning.py's sweeps, which
@@ -151,3 +153,32 @@ def last_line(said: BaseException | str) -> str:
     if lines:
         return lines[-1]
     return type(said).__name__ if isinstance(said, BaseException) else ""
+
+
+def read_curve(folder: str) -> tuple | None:
+    """(env steps, seconds since the first event, mean return of the last 100 episodes) of one run, numpy arrays read
+    from its TensorBoard events (ours: charts/episodic_return; SB3's: rollout/ep_rew_mean); None without either.
+    numpy and tensorboard are imported here, when a curve is asked for."""
+    import numpy as np
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    event_dirs = sorted({os.path.dirname(p) for p in glob.glob(os.path.join(folder, "**", "events.*"), recursive=True)})
+    for event_dir in event_dirs:
+        acc = EventAccumulator(event_dir, size_guidance={"scalars": 0})
+        acc.Reload()
+        tags = acc.Tags()["scalars"]
+        if "charts/episodic_return" in tags:  # ours: one point per episode
+            events = acc.Scalars("charts/episodic_return")
+            window: deque[float] = deque(maxlen=100)
+            values = []
+            for e in events:
+                window.append(e.value)
+                values.append(np.mean(window))
+        elif "rollout/ep_rew_mean" in tags:  # SB3: already the mean of the last 100 episodes
+            events = acc.Scalars("rollout/ep_rew_mean")
+            values = [e.value for e in events]
+        else:
+            continue
+        start = min(e.wall_time for e in acc.Scalars(tags[0]))
+        return (np.array([e.step for e in events]), np.array([e.wall_time - start for e in events]), np.array(values))
+    return None

@@ -1,7 +1,8 @@
 """Statistics over a few seeds' final returns, in the standard library only: the --num-seeds launcher's closing table
 (mean, sample std and Student's t interval), which imports no numpy or scipy, and benchmarks/learning_report.py's
 comparisons (Welch's interval and an exact permutation test). With 2 to 10 seeds a normal interval or a bootstrap is
-too narrow; these are honest about so few.
+too narrow; these are honest about so few. The curves' mean and band over seeds are drawn here too, for both (numpy
+only where one is drawn).
 """
 
 from __future__ import annotations
@@ -110,3 +111,16 @@ def permutation_floor(n_a: int, n_b: int) -> float:
     """The smallest two-sided p that permutation_pvalue can give with these seed counts: the most extreme split is
     1 of C(n_a + n_b, n_a), and with equal groups its mirror image ties it. 0.10 with 3 + 3 seeds, 0.029 with 4 + 4."""
     return (2 if n_a == n_b else 1) / math.comb(n_a + n_b, n_a)
+
+
+def plot_mean_and_std(ax, runs: list[tuple], column: int, label: str) -> None:
+    """Return against curve column `column` (0: env steps, 1: seconds), mean ± sample std over the seeds' `runs`. The
+    seeds log at different x, so each is resampled on a common grid up to the shortest run's end first (numpy is
+    imported here, where a plot is drawn)."""
+    import numpy as np
+
+    grid = np.linspace(0, min(run[column][-1] for run in runs), 200)
+    ys = np.array([np.interp(grid, run[column], run[2]) for run in runs])
+    std = ys.std(0, ddof=1) if len(ys) > 1 else np.zeros(len(grid))  # the sample std, as the tables' ±
+    (line,) = ax.plot(grid, ys.mean(0), label=label)
+    ax.fill_between(grid, ys.mean(0) - std, ys.mean(0) + std, alpha=0.2, color=line.get_color())

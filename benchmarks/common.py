@@ -142,15 +142,23 @@ def pyplot():
     return plt
 
 
+def subprocess_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a benchmark's subprocess: this process's, with the repository first on PYTHONPATH (a script
+    in benchmarks/ imports the repository's modules), matplotlib on Agg (no display may be there) and `extra_env`."""
+    env = dict(os.environ)
+    paths = [path for path in env.get("PYTHONPATH", "").split(os.pathsep) if path and path != REPO]
+    env["PYTHONPATH"] = os.pathsep.join([REPO, *paths])
+    env.setdefault("MPLBACKEND", "Agg")
+    env.update(extra_env or {})
+    return env
+
+
 def timed_subprocess(
     name: str, argv: list[str], cwd: str, python: str = sys.executable, extra_env: dict[str, str] | None = None
 ) -> tuple[str, float]:
-    """Run `python argv` in cwd with the repo on PYTHONPATH (and `extra_env` set); (stdout, wall seconds). A failure
-    raises BenchError with the last line it printed."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("MPLBACKEND", "Agg")
-    env.update(extra_env or {})
+    """Run `python argv` in cwd in subprocess_env(extra_env); (stdout, wall seconds). A failure raises BenchError with
+    the last line it printed."""
+    env = subprocess_env(extra_env)
     cmd = [python, *argv]
     start = time.perf_counter()
     try:

@@ -25,12 +25,13 @@ A run is reused only when it is the run asked for: its run.json (written by the 
 the same command, flag for flag, budget included, and the same code (the SHA-256 of the repository's scripts, resumes
 included). Otherwise --run refuses in one line naming the first difference, or with --rerun-changed trains it afresh.
 The tables give each row's code and say so when the runs mix versions.
---run trains what is missing: --jobs single-process runs (ppo, sb3) at a time, then each DPPO run alone; with
---ray-address, every run at once as a Ray task on a cluster's nodes, each run's folder coming back here
-(ray_cluster.run_on_cluster). --grid makes configurations of the trainers' flags; each is a row of the tables. --python
-runs ppo and DPPO in another venv's interpreter: dm_control's envs need mujoco 3.x, in the venv that
-benchmarks/requirements-dm_control.txt describes. This file trains; learning_report.py reads the runs and writes the
-tables and plots.
+--run trains what is missing: on this machine with launcher.Launch, as --num-seeds runs its seeds (each run's lines
+behind its name and in its folder's output.log; Ctrl-C passed on once, each run saving a checkpoint), --jobs
+single-process runs (ppo, sb3) at a time, then each DPPO run alone; with --ray-address, every run at once as a Ray task
+on a cluster's nodes, each run's folder coming back here (ray_cluster.run_on_cluster). --grid makes configurations of
+the trainers' flags; each is a row of the tables. --python runs ppo and DPPO in another venv's interpreter:
+dm_control's envs need mujoco 3.x, in the venv that benchmarks/requirements-dm_control.txt describes. This file trains;
+learning_report.py reads the runs and writes the tables and plots.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from common import (
     REPO,
@@ -55,12 +55,12 @@ from common import (
     display_command,
     relative_to_cwd,
     resolve_out_dir,
-    timed_subprocess,
+    subprocess_env,
 )
 from learning_report import TARGETS, plot_curves, plot_grid, read_curve, report_lines, summarize_runs
 
 # common put the repository on the path
-from launcher import command_flags
+from launcher import Ended, Launch, LaunchError, Seed, command_flags, grid_configurations
 from ray_cluster import ClusterError, pack_folder, run_on_cluster
 from run_record import file_sha256, last_line
 from stop_signals import take_back_stop_signals
@@ -73,10 +73,18 @@ COMMANDS = {
 }
 
 
+# What a run's first line says, for each status of run_status
+STARTS = {
+    "new": "starts",
+    "resume": "resumes from its checkpoint",
+    "restart": "starts afresh: its folder has no checkpoint",
+}
+
+
 def run_missing(cfg: argparse.Namespace) -> None:
-    """Train every run that is not done. Locally: --jobs single-process runs (ppo, sb3) at a time, then each DPPO run
-    with the machine to itself (its actors and learner use every core). With --ray-address: all of them at once, as
-    Ray tasks on the cluster (ray_cluster.run_on_cluster)."""
+    """Train every run that is not done. Locally (run_here): --jobs single-process runs (ppo, sb3) at a time, then each
+    DPPO run with the machine to itself (its actors and learner use every core). With --ray-address: all of them at
+    once, as Ray tasks on the cluster (ray_cluster.run_on_cluster)."""
     missing = missing_runs(cfg)
     if cfg.ray_address:
         if cfg.storage:
@@ -99,16 +107,16 @@ def run_missing(cfg: argparse.Namespace) -> None:
     distributed = []
     for label, impl, config, env_id, seed, status in missing:
         folder = os.path.join(root, cfg.group, label, f"{env_id}__{seed}")
-        if status == "restart" and impl == "sb3":
-            shutil.rmtree(folder)  # SB3 keeps no checkpoint here: its half-finished run starts afresh
-        title = f"{status} {label} on {env_id}, seed {seed}"
+        if status == "restart":  # nothing of a half-finished run may mix with the new one's, its output.log included
+            shutil.rmtree(folder)
         if impl == "sb3":
-            single.append((title, sb3_argv(cfg, env_id, seed, folder, REPO), sys.executable))  # SB3 runs in this venv
-            continue
-        argv = trainer_argv(cfg, (label, impl, config, env_id, seed), folder, status, REPO)
-        (distributed if impl.startswith("dppo") else single).append((title, argv, cfg.python))
-    run_jobs(single, cfg.jobs, cwd=os.path.dirname(root))
-    run_jobs(distributed, 1, cwd=os.path.dirname(root))
+            command = [sys.executable, *sb3_argv(cfg, env_id, seed, folder, REPO)]  # SB3 runs in this venv
+        else:
+            command = [cfg.python, *trainer_argv(cfg, (label, impl, config, env_id, seed), folder, status, REPO)]
+        run = Seed(seed, folder, [], note=STARTS[status], config=f"{label} on {env_id}", command=command)
+        (distributed if impl.startswith("dppo") else single).append(run)
+    os.environ.update(subprocess_env())  # the runs inherit it: sb3_ppo.py imports the repository's modules
+    run_here([(single, cfg.jobs), (distributed, 1)], cwd=os.path.dirname(root))
 
 
 def missing_runs(cfg: argparse.Namespace) -> list[tuple]:
@@ -240,7 +248,7 @@ def run_python(cfg: argparse.Namespace, impl: str) -> str:
     return sys.executable if impl == "sb3" else cfg.python
 
 
-def cluster_job(cfg: argparse.Namespace, label: str, impl: str, config: dict, env_id: str, seed: int, status: str):
+def cluster_job(cfg: argparse.Namespace, label: str, impl: str, config: list, env_id: str, seed: int, status: str):
     """A run as ray_cluster.run_on_node takes it. Its paths are relative: the script's to the repo that Ray uploads, the
     run folder's to the node's working folder. The run's commands for a fresh start and for resuming: the node picks
     one by what it finds in the folder."""
@@ -254,7 +262,8 @@ def cluster_job(cfg: argparse.Namespace, label: str, impl: str, config: dict, en
     head_folder = os.path.join(os.path.abspath(cfg.runs_root), run_name)
     resume_from_head = status == "resume" and not cfg.storage
     if impl.startswith("dppo"):
-        cpus = int(config.get("num-actors", 2)) * float(config.get("actor-cpus", 1)) + 1  # actors, and the learner
+        flags = command_flags(config)
+        cpus = int(flags.get("--num-actors") or 2) * float(flags.get("--actor-cpus") or 1) + 1  # actors, the learner
     else:
         cpus = 1
     return {
@@ -296,34 +305,40 @@ def trainer_argv(cfg: argparse.Namespace, run: tuple, folder: str, status: str, 
         return [*argv, "--num-seeds=1"] if script == "ppo_continuous.py" else argv
     steps = cfg.num_steps // 2 if script == "dppo_ray.py" else cfg.num_steps  # 2 actors: the same batch as ppo's
     argv = [os.path.join(repo, script), *flags, *run_flags(cfg, env_id, seed), f"--num-steps={steps}", "--quiet"]
-    argv += config_flags(config, cfg.bool_flags)
+    argv += config
     argv.append(f"--run-name={os.path.join(cfg.group, label, f'{env_id}__{seed}')}")
     if status == "restart":
         argv.append("--overwrite")
     return argv
 
 
-def run_jobs(jobs: list[tuple], parallel: int, cwd: str) -> None:
-    """Run (label, argv) or (label, argv, python) jobs, `parallel` at a time. After a failure the others still finish
-    (each is a long training run) before it is raised; after Ctrl-C, which the running trainers also get and answer
-    with a checkpoint, nothing new starts."""
-
-    def run(label: str, argv: list[str], python: str = sys.executable) -> None:
-        sys.stderr.write(f"learning.py: {label} ...\n")  # one write: jobs running side by side print whole lines
-        sys.stderr.flush()
-        timed_subprocess(label, argv, cwd=cwd, python=python)
-
-    pool = ThreadPoolExecutor(max_workers=parallel)
-    try:
-        futures = [pool.submit(run, *job) for job in jobs]
-        errors = [f.exception() for f in futures]
-    except BaseException:
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise
-    pool.shutdown()
-    for error in errors:
-        if error is not None:
-            raise error
+def run_here(phases: list[tuple[list[Seed], int]], cwd: str) -> None:
+    """Each phase's runs (launcher.Seed, each with its whole command) in `cwd`, `parallel` at a time, the next phase
+    once the last run of one has ended, with launcher.Launch: each run's lines behind its name, and in its folder's
+    output.log. After a failure the other runs still finish (each is a long training run), then BenchError names the
+    first; flags refused (exit 2 before the run made its folder) start nothing more. After Ctrl-C or SIGTERM, which
+    Launch passes on to the running ones (each saves a checkpoint), nothing new starts and KeyboardInterrupt is raised:
+    the same command resumes them."""
+    ended: list[Ended] = []
+    not_started: list[Seed] = []
+    for runs, parallel in phases:
+        if any(run.early_lines for run in ended):
+            not_started += runs
+            continue
+        launch = Launch("learning.py", runs, parallel, quiet=not sys.stderr.isatty(), cwd=cwd)
+        ended += launch.run()
+        if launch.stop.signum is not None:
+            raise KeyboardInterrupt
+        not_started += launch.waiting
+    for run in ended:  # Launch holds a refused run's lines: said here
+        for line in run.early_lines:
+            print(f"{run.seed.name}: {line}", file=sys.stderr)
+    failed = [run.seed.name for run in ended if run.returncode != 0]
+    if failed:
+        count = len(ended) + len(not_started)
+        unstarted = f"; {len(not_started)} did not start" if not_started else ""
+        first = f"the first: {failed[0]} (its lines are above)"
+        raise BenchError(f"{len(failed)} of {count} runs failed; {first}{unstarted}")
 
 
 def run_status(folder: str, cfg: argparse.Namespace) -> str:
@@ -457,7 +472,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if (cfg.run or cfg.quick) and unknown:
         p.error(f"--run cannot train {' '.join(unknown)}: it trains {' '.join(COMMANDS)} sb3")
     try:
-        cfg.configs, cfg.bool_flags = configurations(cfg.impls, cfg.grid)
+        cfg.configs = configurations(cfg.impls, cfg.grid)
     except ValueError as e:
         p.error(str(e))
     cfg.trainers, cfg.impls = cfg.impls, [label for label, _, _ in cfg.configs]  # the tables compare configurations
@@ -486,106 +501,26 @@ OWN_FLAGS = {
 }
 
 
-def configurations(impls: list[str], grid: list[str]) -> tuple[list[tuple], set[str]]:
-    """[(label, impl, {flag: value})] for every implementation and combination of --grid's values, and the grid's
-    boolean flags. Labels: the impl alone without a grid, else e.g. ppo__learning-rate=0.0001__ent-coef=0.0 (each value
-    written one way for its type, as_value)."""
+def configurations(impls: list[str], grid: list[str]) -> list[tuple[str, str, list[str]]]:
+    """[(label, impl, its flags)] for every implementation and combination of --grid's values, read as the launcher
+    reads a --grid (launcher.grid_configurations, from each trainer's source). Labels: the impl alone without a grid,
+    else e.g. ppo__learning-rate=0.0001__ent-coef=0.0 (each value written one way for its flag's type)."""
     if not grid:
-        return [(impl, impl, {}) for impl in impls], set()
-    axes = []
-    for item in grid:
-        key, sep, values = item.partition("=")
-        key = key.removeprefix("--")
-        if not sep or not key or not all(values.split(",")):
-            raise ValueError(f"--grid {item}: write FLAG=V1,V2 (e.g. learning-rate=1e-4,3e-4)")
-        if key in OWN_FLAGS:
-            raise ValueError(f"--grid {key}: learning.py sets --{key} itself, or it is not a setting to sweep")
-        if key in {k for axis in axes for k, _ in axis}:
-            raise ValueError(f"--grid {key}: given twice")
-        values = values.split(",")
-        if len(set(values)) < len(values) or any(
-            not v.strip() or v != v.strip() or "/" in v or "|" in v for v in values
-        ):
-            raise ValueError(f"--grid {item}: give distinct values, without spaces, '/' or '|' (they name folders)")
-        axes.append([(key, value) for value in values])
+        return [(impl, impl, []) for impl in impls]
     if "sb3" in impls:
         raise ValueError("--grid takes ppo_continuous.py and dppo_ray.py flags: leave sb3 out of --impls")
     unknown = [impl for impl in impls if impl not in COMMANDS]
     if unknown:
         raise ValueError(f"--grid takes the flags of {' '.join(COMMANDS)}, not of {' '.join(unknown)}")
-    fields = trainer_fields(impls)
-    bool_flags = set()
-    for (key, _), *_ in axes:
-        owners = [impl for impl in impls if key in fields[impl]]
-        if len(owners) < len(impls):
-            lacking = sorted({COMMANDS[impl][0] for impl in impls if impl not in owners})
-            raise ValueError(f"--grid {key}: {' and '.join(lacking)} has no --{key}")
-        if any(fields[impl][key] is bool for impl in impls):
-            bool_flags.add(key)
-    for axis in axes:
-        for key, value in axis:
-            if key in bool_flags and value.lower() not in ("true", "false"):
-                raise ValueError(f"--grid {key}={value}: --{key} is a switch; give True,False")
-    # values as values: 3e-4 and 0.0003 are one configuration, in one folder
-    axes = [[(key, as_value(key, value, fields[impls[0]][key])) for key, value in axis] for axis in axes]
-    for axis in axes:
-        if len({value for _, value in axis}) < len(axis):
-            raise ValueError(f"--grid {axis[0][0]}: {', '.join(v for _, v in axis)} repeat a value")
+    reserved = {flag: f"learning.py sets --{flag} itself, or it is not a setting to sweep" for flag in OWN_FLAGS}
     configs = []
     for impl in impls:
-        for combination in itertools.product(*axes):
-            config = dict(combination)
-            configs.append(("__".join([impl, *(f"{k}={v}" for k, v in config.items())]), impl, config))
-    return configs, bool_flags
-
-
-def as_value(key: str, value: str, kind: type) -> str:
-    """A grid value written one way for its flag's type: a float as Python writes it (0.0003), an int as an int,
-    a switch as True or False; other values as given."""
-    try:
-        if kind is float:
-            return repr(float(value))
-        if kind is int:
-            return str(int(value))
-    except ValueError:
-        raise ValueError(
-            f"--grid {key}={value}: --{key} takes {'a number' if kind is float else 'an integer'}"
-        ) from None
-    if kind is bool:
-        return "True" if value.lower() == "true" else "False"
-    return value
-
-
-def trainer_fields(impls: list[str]) -> dict[str, dict[str, type]]:
-    """{impl: {flag: type}} of the trainers' Args dataclasses (for --grid)."""
-    import dataclasses
-    import importlib
-    import typing
-
-    sys.path.insert(0, REPO)
-    import checkpoints
-
-    fields = {}
-    for impl in impls:
-        module = importlib.import_module(COMMANDS[impl][0].removesuffix(".py"))
-        hints = typing.get_type_hints(module.Args, include_extras=False)
-        # the computed fields (batch size and the like) are no flags: the script sets them from the others
-        computed = checkpoints.computed_flags(module.Args)
-        fields[impl] = {
-            f.name.replace("_", "-"): hints[f.name] for f in dataclasses.fields(module.Args) if f.name not in computed
-        }
-    return fields
-
-
-def config_flags(config: dict, bool_flags: set[str]) -> list[str]:
-    """A configuration as the trainer's flags: --flag=value, or --flag / --no-flag for a switch."""
-    flags = []
-    for key, value in config.items():
-        if key in bool_flags:
-            flags.append(f"--{key}" if value.lower() == "true" else f"--no-{key}")
-        else:
-            flags.append(f"--{key}={value}")
-    return flags
+        try:
+            combos = grid_configurations(grid, os.path.join(REPO, COMMANDS[impl][0]), reserved)
+        except LaunchError as e:
+            raise ValueError(str(e)) from None
+        configs += [(f"{impl}__{label}", impl, flags) for label, flags in combos]
+    return configs
 
 
 def use_quick_settings(cfg: argparse.Namespace) -> None:

@@ -4,17 +4,16 @@ permutation p-values, CleanRL's published figures, rliable aggregates) and the p
 from __future__ import annotations
 
 import argparse
-import glob
 import itertools
 import json
 import os
 import time
-from collections import deque
 
 import numpy as np
 from common import REPO, pyplot, timed_subprocess
 
-from seed_statistics import permutation_floor, permutation_pvalue, sample_std, welch_interval  # common: on the path
+from run_record import read_curve  # common put the repository on the path
+from seed_statistics import permutation_floor, permutation_pvalue, plot_mean_and_std, sample_std, welch_interval
 
 TARGETS = {
     "HalfCheetah-v5": 1500.0,
@@ -56,32 +55,6 @@ def family(env_id: str) -> str:
 def published_envs(rows: list[dict], name: str) -> list[str]:
     """The envs of family `name` among the rows that CleanRL publishes a figure for, in the rows' order."""
     return list(dict.fromkeys(r["env"] for r in rows if family(r["env"]) == name and task_name(r["env"]) in CLEANRL))
-
-
-def read_curve(folder: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(env steps, seconds since the first event, mean return of the last 100 episodes) of one run."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    event_dirs = sorted({os.path.dirname(p) for p in glob.glob(os.path.join(folder, "**", "events.*"), recursive=True)})
-    for event_dir in event_dirs:
-        acc = EventAccumulator(event_dir, size_guidance={"scalars": 0})
-        acc.Reload()
-        tags = acc.Tags()["scalars"]
-        if "charts/episodic_return" in tags:  # ours: one point per episode
-            events = acc.Scalars("charts/episodic_return")
-            window: deque[float] = deque(maxlen=100)
-            values = []
-            for e in events:
-                window.append(e.value)
-                values.append(np.mean(window))
-        elif "rollout/ep_rew_mean" in tags:  # SB3: already the mean of the last 100 episodes
-            events = acc.Scalars("rollout/ep_rew_mean")
-            values = [e.value for e in events]
-        else:
-            continue
-        start = min(e.wall_time for e in acc.Scalars(tags[0]))
-        return (np.array([e.step for e in events]), np.array([e.wall_time - start for e in events]), np.array(values))
-    return None
 
 
 def first_reach(x: np.ndarray, values: np.ndarray, target: float) -> float | None:
@@ -422,16 +395,6 @@ def report_lines(rows: list[dict], cfg: argparse.Namespace, command: str) -> lis
         random = random_returns(scored, os.path.join(cfg.runs_root, cfg.group, "random_returns.json"), cfg.python)
         lines += aggregate_table(rows, cfg.impls, random)
     return lines
-
-
-def plot_mean_and_std(ax, runs: list[tuple], column: int, label: str) -> None:
-    """Return against curve column `column` (0: env steps, 1: seconds), mean ± sample std over the seeds' `runs`. The
-    seeds log at different x, so each is resampled on a common grid up to the shortest run's end first."""
-    grid = np.linspace(0, min(run[column][-1] for run in runs), 200)
-    ys = np.array([np.interp(grid, run[column], run[2]) for run in runs])
-    std = ys.std(0, ddof=1) if len(ys) > 1 else np.zeros(len(grid))  # the sample std, as the tables' ±
-    (line,) = ax.plot(grid, ys.mean(0), label=label)
-    ax.fill_between(grid, ys.mean(0) - std, ys.mean(0) + std, alpha=0.2, color=line.get_color())
 
 
 def plot_grid(curves: dict, cfg: argparse.Namespace, path: str) -> None:

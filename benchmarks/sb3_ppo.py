@@ -24,6 +24,7 @@ except (ImportError, AttributeError):
 import numpy as np
 import torch
 from stable_baselines3 import PPO
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
@@ -64,6 +65,25 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--torch-threads", type=int, default=1)
     p.add_argument("--tb-log", type=str, default=None, help="tensorboard log dir (default: none)")
     return p.parse_args()
+
+
+class LauncherProgress(BaseCallback):
+    """Each rollout's end said to the launcher that started this run (learning.py's launcher.Launch), as the trainers
+    say theirs: its progress bar counts this run, and it passes a Ctrl-C on only to a run that has said it trains."""
+
+    def __init__(self, channel, total_timesteps: int):
+        super().__init__()
+        self.channel, self.total_timesteps = channel, total_timesteps
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        from run_management import report_progress
+
+        returns = [episode["r"] for episode in self.model.ep_info_buffer]
+        recent = float(np.mean(returns)) if returns else None
+        report_progress(self.channel, self.num_timesteps, self.total_timesteps, recent)
 
 
 def main() -> None:
@@ -112,19 +132,26 @@ def main() -> None:
 
     if args.tb_log is not None:  # run.json, as the trainers write it: learning.py reuses a run only if it matches
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        from run_management import record_run
+        from run_management import progress_channel, record_run
 
         os.makedirs(args.tb_log, exist_ok=True)
         command = [os.path.basename(__file__), *sys.argv[1:]]
         # its code is this script (and a custom env's module): run_management only writes the record
         only = [os.path.basename(__file__), args.env_id.partition(":")[0]]
         record_run(args.tb_log, command, {"hyperparameters": vars(args)}, None, env_id=args.env_id, only=only)
+        channel = progress_channel()
+        callback = None if channel is None else LauncherProgress(channel, args.total_timesteps)
     else:
+        callback = None
         # Without this SB3 creates an empty $TMPDIR/SB3-<date> log folder on every run.
         model.set_logger(Logger(folder=None, output_formats=[]))
 
     start = time.perf_counter()
-    model.learn(total_timesteps=args.total_timesteps)
+    try:
+        model.learn(total_timesteps=args.total_timesteps, callback=callback)
+    except KeyboardInterrupt:
+        print("sb3_ppo.py: interrupted; SB3 saves no checkpoint here: the run starts afresh", file=sys.stderr)
+        sys.exit(130)
     train_seconds = time.perf_counter() - start
 
     returns = [ep["r"] for ep in list(model.ep_info_buffer)[-100:]]

@@ -411,18 +411,30 @@ def test_learning_aggregate_is_rliables_iqm_of_normalized_scores():
     assert any("2 tasks (the tasks all have: Hopper, Pusher)" in line for line in table)
 
 
-def test_learning_jobs_run_side_by_side_and_a_failure_does_not_stop_the_others(tmp_path):
+def test_learning_runs_side_by_side_phase_by_phase_and_a_failure_does_not_stop_the_others(tmp_path, capsys):
     from common import BenchError
-    from learning import run_jobs
+    from learning import run_here
 
-    # the first job waits until the second has written its file, so it passes only if both run at once
-    wait = f"import os, time\nend = time.time() + {SAFETY_NET}\nwhile not os.path.exists({str(tmp_path / 'b')!r}):\n"
-    wait += "    time.sleep(0.05)\n    if time.time() > end: raise SystemExit('b never ran beside me')\nopen('a', 'w')"
-    jobs = [("a", ["-c", wait]), ("b", ["-c", "open('b', 'w')"]), ("bad", ["-c", "raise SystemExit(3)"])]
-    jobs += [("c", ["-c", "open('c', 'w')"])]
-    with pytest.raises(BenchError, match="bad failed"):
-        run_jobs(jobs, 2, cwd=str(tmp_path))
-    assert all((tmp_path / name).exists() for name in "abc")
+    from launcher import Seed
+
+    def run(name: str, code: str) -> Seed:
+        """A run that makes its folder, says so, and then does what `code` says."""
+        folder = tmp_path / name
+        script = f"import os, sys, time\nos.mkdir({str(folder)!r})\nprint('made', {name!r})\n{code}"
+        return Seed(1, str(folder), [], config=name, command=[sys.executable, "-c", script])
+
+    # the first waits until the second has made its folder, so it passes only if both run at once
+    wait = f"end = time.time() + {SAFETY_NET}\nwhile not os.path.exists({str(tmp_path / 'b')!r}):\n"
+    wait += "    time.sleep(0.05)\n    if time.time() > end: sys.exit('b never ran beside me')"
+    side_by_side = [run("a", wait), run("b", ""), run("bad", "sys.exit('bad went wrong')"), run("c", "")]
+    # the next phase starts once the last run of the first has ended
+    after = f"sys.exit(0 if all(os.path.isdir(os.path.join({str(tmp_path)!r}, n)) for n in 'abc') else 'too early')"
+    with pytest.raises(BenchError, match=r"^1 of 5 runs failed; the first: bad seed 1 \(its lines are above\)$"):
+        run_here([(side_by_side, 2), ([run("d", after)], 1)], cwd=str(tmp_path))
+    assert all((tmp_path / name).is_dir() for name in "abcd")
+    out, err = capsys.readouterr()
+    assert "c seed 1: made c" in out and "bad seed 1: bad went wrong" in err
+    assert (tmp_path / "bad" / "output.log").read_text() == "made bad\nbad went wrong\n", "its lines in its folder"
 
 
 @pytest.mark.slow

@@ -39,7 +39,7 @@ def test_dppo_has_every_flag_of_ppo_with_the_same_default_and_meaning():
     ppo_fields = {f.name: f for f in dataclasses.fields(ppo_continuous.Args)}
     dppo_fields = {f.name: f for f in dataclasses.fields(dppo_ray.Args)}
     rollout_shape = {"num_envs", "num_steps", "exp_name", "env_id"}  # env_id: DPPO also takes Discrete
-    seeds_only = {"num_seeds", "seed_processes"}  # ppo_continuous.py's launcher: off DPPO's --help, refused in a line
+    seeds_only = {"num_seeds", "seed_processes", "grid"}  # ppo_continuous.py's launcher: off DPPO's --help, refused
     for name, field in ppo_fields.items():
         assert name in dppo_fields, f"--{name} is missing from dppo_ray.py"
         if name not in rollout_shape:
@@ -50,12 +50,13 @@ def test_dppo_has_every_flag_of_ppo_with_the_same_default_and_meaning():
     ppo_help = subprocess.run(
         [sys.executable, str(REPO / "ppo_continuous.py"), "--help"], capture_output=True, text=True
     )
-    assert all(f"--{name.replace('_', '-')} INT" in ppo_help.stdout for name in seeds_only)
+    option = {name: f"--{name.replace('_', '-')} {'[STR' if name == 'grid' else 'INT'}" for name in seeds_only}
+    assert all(option[name] in ppo_help.stdout for name in seeds_only)
     assert "--num-envs " not in help_text.stdout and "--num-envs-per-actor" in help_text.stdout
     for name in ppo_fields:
         flag = f"--{name.replace('_', '-')}"
         if name in seeds_only:  # listed as an option in ppo_continuous.py's --help ("--num-seeds INT"), not here
-            assert f"{flag} INT" not in help_text.stdout, name
+            assert option[name] not in help_text.stdout, name
         elif name not in ("num_envs", "batch_size", "minibatch_size", "num_iterations"):
             assert flag in help_text.stdout, name
 

@@ -165,6 +165,40 @@ def test_edits_that_keep_state_anywhere_train_in_every_seed_as_in_its_single_run
 
 
 @pytest.mark.slow
+def test_a_grid_of_an_edited_copy_trains_every_configuration_and_seed_as_its_single_run(tmp_path):
+    """--num-seeds 2 --grid learning-rate=1e-4,1e-3 on a researcher's copy (my_ppo.py, which keeps state in globals,
+    caches and generators): 4 runs, each the single run its run.json records, bit for bit; the closing lines name both
+    configurations, compare the second with the first, and point to the plot of their curves."""
+    folder = edited_copy(tmp_path, "seed_state_everywhere")
+    (folder / "ppo_continuous.py").rename(folder / "my_ppo.py")
+    shutil.copy(REPO / "ppo_continuous.py", folder / "ppo_continuous.py")
+    flags = [*RUN, "--no-compile"]
+    grid = ["--num-seeds", "2", "--run-name", "g", "--grid", "learning-rate=1e-4,1e-3"]
+    together = run_python("my_ppo.py", [*flags, *grid], folder, repo_on_path=False)
+    assert together.returncode == 0, together.stderr
+    assert "Traceback" not in together.stderr, together.stderr
+    configs = ["learning-rate=0.0001", "learning-rate=0.001"]
+    runs = [folder / "runs" / f"g__{config}__{seed}" for config in configs for seed in (1, 2)]
+    assert sorted(p.name for p in (folder / "runs").iterdir() if p.is_dir()) == sorted(run.name for run in runs)
+    for run in runs:
+        config, seed = run.name.split("__")[1:]
+        assert recorded_command(run) == ["my_ppo.py", *flags, f"--{config}", f"--seed={seed}", f"--run-name={run.name}"]
+        assert f"{config} seed {seed}: my_ppo.py: completed at step 768" in together.stdout
+    alone = run_recorded_singles(folder, runs, script="my_ppo.py")
+    for run in runs:
+        assert_identical(run, alone / "runs" / run.name)
+    assert all_scalars(runs[0])["losses/value_loss"] != all_scalars(runs[2])["losses/value_loss"], "the rates differ"
+    lines = together.stdout.splitlines()
+    assert "my_ppo.py: 2 configurations x 2 seeds" in lines
+    for config in configs:
+        assert any(line.startswith(f"{config}: final return") and "over 2 seeds" in line for line in lines), lines
+    comparison = [line for line in lines if line.startswith(f"{configs[1]} vs {configs[0]}: difference ")]
+    assert len(comparison) == 1 and "the least p 2 + 2 seeds allow: 0.333" in comparison[0], lines
+    assert f"curves of the configurations (mean and std over seeds): {os.path.join('runs', 'g.png')}" in lines
+    assert (folder / "runs" / "g.png").stat().st_size > 0
+
+
+@pytest.mark.slow
 def test_halfcheetah_seeds_are_their_single_runs_bit_for_bit(tmp_path):
     """On MuJoCo, where float rounding grows into other episodes, a seed is still its single run, every scalar equal."""
     args = ["--env-id", "HalfCheetah-v5", "--total-timesteps", "1024", "--num-steps", "512", "--num-minibatches", "8"]
@@ -322,7 +356,10 @@ def test_flags_that_do_not_fit_are_one_line_said_once_and_the_launcher_imports_n
         (run_ppo(["--num-seeds", "2", "--seed=-1"], tmp_path), "ppo_continuous.py: error: --seed must be >= 0, got -1"),
         (run_ppo(["--seed=-1"], tmp_path), "ppo_continuous.py: error: --seed must be >= 0 (numpy's and gymnasium's"),
         (run_ppo(["--resume", "runs/nothing/checkpoint.pt", "--num-seeds", "2"], tmp_path), "no run folder at runs/no"),
-        (run_ppo(["--ray-address", "auto"], tmp_path), "--ray-address sends the seeds of --num-seeds to a cluster"),
+        (run_ppo(["--ray-address", "auto"], tmp_path), "--ray-address sends the runs of --num-seeds or --grid to a"),
+        (run_ppo(["--grid", "seed=1,2"], tmp_path), "ppo_continuous.py: error: --grid seed=1,2: the launcher's flag"),
+        (run_ppo(["--grid", "nope=1,2"], tmp_path), "--grid nope=1,2: ppo_continuous.py has no flag --nope"),
+        (run_ppo(["--num-seeds", "2.5"], tmp_path), "ppo_continuous.py: error: --num-seeds takes a whole number"),
         (
             run_python(REPO / "dppo_ray.py", ["--num-seeds", "2"], tmp_path, timeout=SAFETY_NET),
             "dppo_ray.py: error: --num-seeds is ppo_continuous.py's: run each seed of dppo_ray.py as a run of its own",
@@ -384,6 +421,32 @@ def test_seeds_on_a_ray_cluster_of_two_nodes_stop_with_checkpoints_come_home_and
         cluster.shutdown()
 
 
+@pytest.mark.slow
+def test_a_grid_on_a_ray_cluster_of_two_nodes_brings_every_folder_home(tmp_path, monkeypatch):
+    """--num-seeds 2 --grid clip-coef=0.1,0.3 on a 2-node ray.cluster_utils.Cluster: every run a Ray task, its folder
+    back in runs/ under its configuration's name, completed, with the comparison in the closing lines."""
+    from tests.test_sweeps import tagged_cluster
+
+    cluster = tagged_cluster(monkeypatch, 2)
+    try:
+        cluster.add_node(num_cpus=2)
+        cluster.wait_for_nodes()
+        args = [*RUN, "--total-timesteps", "512", "--no-compile", "--num-seeds", "2", "--run-name", "c"]
+        args += ["--grid", "clip-coef=0.1,0.3", "--ray-address", cluster.address]
+        result = cluster.own.run(PPO_SCRIPT, args, tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        for config in ("clip-coef=0.1", "clip-coef=0.3"):
+            for seed in (1, 2):
+                folder = tmp_path / "runs" / f"c__{config}__{seed}"
+                summary = json.loads((folder / "summary.json").read_text())
+                assert summary["status"] == "completed" and summary["env_steps"] == 512
+                assert (folder / "node.json").is_file() and list(folder.glob("events.*"))
+                assert f"done {config} seed {seed} on " in result.stderr
+        assert "clip-coef=0.3 vs clip-coef=0.1: difference " in result.stdout
+    finally:
+        cluster.shutdown()
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The launcher's parts
 # ---------------------------------------------------------------------------------------------------------------------
@@ -411,7 +474,8 @@ def test_launcher_flags_are_taken_out_and_every_other_flag_kept_in_order():
     }
     assert launcher.flag_value(argv, "--run-name") == "x" and launcher.flag_value(argv, "--num-seeds") == "4"
     assert launcher.asked(argv) and not launcher.asked([*argv, "--help"])
-    assert not launcher.asked(["--num-seeds", "1"]) and not launcher.asked(["--num-seeds", "two"])
+    assert not launcher.asked(["--num-seeds", "1"]) and launcher.asked(["--num-seeds", "two"])  # said in one line
+    assert launcher.asked(["--grid", "learning-rate=1e-4,1e-3"]) and launcher.asked(["--ray-address", "auto"])
     assert launcher.script_defaults(str(PPO_SCRIPT))["env_id"] == "HalfCheetah-v5"
 
 
@@ -422,6 +486,81 @@ def test_new_seeds_are_the_single_runs_of_this_command(tmp_path, monkeypatch):
     names = [s.run_dir for s in seeds]
     assert names[0].startswith(os.path.join("runs", "Hopper-v5__ppo_continuous__")) and names[0].endswith("__5")
     assert seeds[1].flags == ["--env-id", "Hopper-v5", "--seed=6", f"--run-name={os.path.basename(names[1])}"]
+
+
+def test_a_grid_is_every_combination_of_its_values_written_one_way_each(tmp_path, monkeypatch):
+    """--grid FLAG=V1,V2 ...: the first axis outermost, each value written one way for its flag's type (1e-4 and
+    0.0001 are one configuration), switches as --flag/--no-flag; the folders say the configuration and the seed; what
+    does not fit is one LaunchError naming it. dppo_ray.py's flags include those of the Args it extends."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["--env-id", "Pendulum-v1", "--num-seeds", "2", "--run-name", "g", "--grid", "learning-rate=1e-4,1e-3"]
+    argv += ["norm-adv=true,False", "--quiet"]
+    assert launcher.split_grid(argv) == (
+        ["--env-id", "Pendulum-v1", "--num-seeds", "2", "--run-name", "g", "--quiet"],
+        ["learning-rate=1e-4,1e-3", "norm-adv=true,False"],
+    )
+    assert launcher.without_launcher_flags(argv) == ["--env-id", "Pendulum-v1", "--quiet"]
+    seeds = launcher.new_seeds(str(PPO_SCRIPT), argv)
+    assert [(s.config, s.seed) for s in seeds] == [
+        (f"learning-rate={lr}__norm-adv={adv}", seed)
+        for lr in ("0.0001", "0.001")
+        for adv in ("True", "False")
+        for seed in (1, 2)
+    ]
+    last = seeds[-1]
+    assert last.run_dir == os.path.join("runs", "g__learning-rate=0.001__norm-adv=False__2")
+    assert last.flags == ["--env-id", "Pendulum-v1", "--quiet", "--learning-rate=0.001", "--no-norm-adv", "--seed=2",
+                          "--run-name=g__learning-rate=0.001__norm-adv=False__2"]  # fmt: skip
+    assert last.name == "learning-rate=0.001__norm-adv=False seed 2"
+    dppo = launcher.configurations(str(REPO / "dppo_ray.py"), ["--grid", "clip-coef=0.1,0.2", "sync-every=1,2"])
+    assert [label for label, _ in dppo] == [f"clip-coef={c}__sync-every={k}" for c in ("0.1", "0.2") for k in (1, 2)]
+    refused = {
+        "seed=1,2": "the launcher's flag",
+        "nope=1,2": "ppo_continuous.py has no flag --nope",
+        "learning-rate=1e-4,0.0001": "give distinct values",
+        "learning-rate=a,b": "--learning-rate takes a number",
+        "num-steps=64,1.5": "--num-steps takes an integer",
+        "norm-adv=yes,no": "--norm-adv is a switch",
+        "env-id=Hopper-v5": "--env-id is also given outside the grid",
+        "batch-size=64,128": "ppo_continuous.py has no flag --batch-size",
+        "learning-rate": "each axis is FLAG=V1,V2",
+    }
+    for axis, message in refused.items():
+        with pytest.raises(launcher.LaunchError, match=message):
+            launcher.configurations(str(PPO_SCRIPT), ["--env-id", "Hopper-v5", "--grid", axis])
+    with pytest.raises(launcher.LaunchError, match="names --clip-coef twice"):
+        launcher.configurations(str(PPO_SCRIPT), ["--grid", "clip-coef=0.1,0.2", "clip-coef=0.3"])
+    with pytest.raises(launcher.LaunchError, match="--resume continues the seeds of one configuration"):
+        launcher.plan(str(PPO_SCRIPT), ["--resume", "runs/g__1/checkpoint.pt", "--grid", "clip-coef=0.1,0.2"])
+
+
+def test_the_closing_lines_compare_each_configuration_with_the_first(tmp_path):
+    """Per configuration: the final returns' mean, std and t-interval; each against the first: the difference, Welch's
+    interval and the exact permutation p beside the least p its seed counts allow."""
+    returns = {"clip-coef=0.1": [10.0, 12.0, 11.0], "clip-coef=0.2": [20.0, 23.0, 21.0]}
+    ended = []
+    for config, finals in returns.items():
+        for seed, final in enumerate(finals, start=1):
+            folder = tmp_path / f"g__{config}__{seed}"
+            folder.mkdir()
+            summary = {"status": "completed", "env_steps": 512, "mean_return_last_episodes": final}
+            (folder / "summary.json").write_text(json.dumps(summary))
+            ended.append(launcher.Ended(launcher.Seed(seed, str(folder), [], config=config), 0))
+    lines = launcher.report("my_ppo.py", ended, [], 1)
+    assert lines[0] == "my_ppo.py: 2 configurations x 3 seeds"
+    a, b = returns["clip-coef=0.1"], returns["clip-coef=0.2"]
+    for config, finals in returns.items():
+        mean, std, (low, high) = seed_statistics.mean_std_interval(finals)
+        expected = f"{config}: final return (each seed's mean over its last episodes): mean {mean:.2f} over 3 seeds, "
+        assert expected + f"std {std:.2f}, 95% t-interval [{low:.2f}, {high:.2f}]" in lines
+    low, high = seed_statistics.welch_interval(b, a)
+    p = seed_statistics.permutation_pvalue(b, a)
+    assert p == pytest.approx(0.1)  # every seed of one above every seed of the other: the least p of 3 + 3 seeds
+    assert (
+        f"clip-coef=0.2 vs clip-coef=0.1: difference +{np.mean(b) - np.mean(a):.2f}, Welch 95% interval "
+        f"[{low:.2f}, {high:.2f}], permutation p = {p:.3f} (the least p 3 + 3 seeds allow: 0.100); too few seeds for "
+        "p < 0.05"
+    ) in lines
 
 
 def test_the_t_interval_is_students_for_few_seeds():

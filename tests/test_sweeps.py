@@ -92,20 +92,20 @@ def test_grid_names_configurations_and_refuses_what_does_not_fit(capsys):
         "ppo__learning-rate=0.0003__norm-adv=True",
         "ppo__learning-rate=0.0003__norm-adv=False",
     ]
-    assert learning.config_flags(cfg.configs[1][2], cfg.bool_flags) == ["--learning-rate=0.0001", "--no-norm-adv"]
+    assert cfg.configs[1][2] == ["--learning-rate=0.0001", "--no-norm-adv"]
     written_otherwise = learning.parse_args(
         ["--impls", "ppo", "--grid", "learning-rate=0.0001,0.0003", "norm-adv=true,false"]
     )
     assert written_otherwise.impls == cfg.impls  # values as values: one configuration, one folder, however written
-    argv = learning.trainer_argv(cfg, ("x", "ppo", {"ent-coef": "0.01"}, "Hopper-v5", 3), "runs/g/x", "new", "")
+    argv = learning.trainer_argv(cfg, ("x", "ppo", ["--ent-coef=0.01"], "Hopper-v5", 3), "runs/g/x", "new", "")
     assert argv[0] == "ppo_continuous.py" and "--ent-coef=0.01" in argv and "--run-name=bench/x/Hopper-v5__3" in argv
     for grid, message in [
         (["seed=1,2"], "learning.py sets --seed itself"),
-        (["max-policy-lag=1,2"], "ppo_continuous.py has no --max-policy-lag"),
+        (["max-policy-lag=1,2"], "ppo_continuous.py has no flag --max-policy-lag"),
         (["norm-adv=1,0"], "--norm-adv is a switch"),
-        (["learning-rate"], "write FLAG=V1,V2"),
-        (["learning-rate=1e-4,"], "write FLAG=V1,V2"),
-        (["learning-rate=3e-4,0.0003"], "repeat a value"),  # one value written two ways
+        (["learning-rate"], "each axis is FLAG=V1,V2"),
+        (["learning-rate=1e-4,"], "each axis is FLAG=V1,V2"),
+        (["learning-rate=3e-4,0.0003"], "give distinct values"),  # one value written two ways
         (["update-epochs=1,2.5"], "--update-epochs takes an integer"),
     ]:
         with pytest.raises(SystemExit):
@@ -317,6 +317,8 @@ def test_a_sweep_never_reuses_a_run_of_other_flags_or_code(tmp_path):
     refuses in one line naming the first difference, or reruns it with --rerun-changed."""
     first = run_local_sweep(tmp_path, "--total-timesteps", "1024", "--num-minibatches", "4")
     assert first.returncode == 0, first.stderr[-3000:]
+    starts = f"learning.py: {LOCAL} on Pendulum-v1 seed 1 starts"
+    assert starts in first.stderr
     run = "Pendulum-v1__1"
     folder = tmp_path / "runs" / "bench" / LOCAL / run
     record = json.loads((folder / "run.json").read_text())
@@ -325,7 +327,7 @@ def test_a_sweep_never_reuses_a_run_of_other_flags_or_code(tmp_path):
     assert f"| {record['code']['scripts_sha256'][:12]} |" in table
 
     again = run_local_sweep(tmp_path, "--total-timesteps", "1024", "--num-minibatches", "4")
-    assert again.returncode == 0 and "learning.py: new" not in again.stderr, "the same sweep trains nothing"
+    assert again.returncode == 0 and starts not in again.stderr, "the same sweep trains nothing"
     for flags, was, asks in [
         (["--total-timesteps", "2048", "--num-minibatches", "4"], "--total-timesteps=1024", "--total-timesteps=2048"),
         (["--total-timesteps", "1024", "--num-minibatches", "2"], "--num-minibatches=4", "--num-minibatches=2"),
