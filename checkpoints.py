@@ -24,6 +24,7 @@ import torch
 import tyro
 from torch.distributions import Distribution, Independent, TransformedDistribution
 
+from command_line import COMPUTED_FLAGS
 from gae import RunningMeanStd, normalize_obs, running_std
 from run_record import first_line
 
@@ -206,7 +207,6 @@ RUN_LENGTH_FLAGS = {
     "guard_patience",
     "num_seeds",  # launcher.py: --resume with --num-seeds N carries on N seeds of a launch
 }
-COMPUTED_FLAGS = {"batch_size", "minibatch_size", "num_iterations"}
 
 
 def computed_flags(args_type: type) -> set[str]:

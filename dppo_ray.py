@@ -308,7 +308,8 @@ class ActorPool:
 
     def get(self, ref, timeout: float | None = None):
         """The result of a call. With Ray, an exception raised inside the actor (an env's step or reset) stops the
-        run with its last line; in --no-ray mode it keeps its full traceback, for the debugger."""
+        run with its last line; in --no-ray mode it is raised as it was (a rollout's then reaches sample_rollout, as
+        in ppo_continuous.py)."""
         if self.ray is None:
             if ref.error is not None:
                 raise ref.error

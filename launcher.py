@@ -1,9 +1,10 @@
-"""--num-seeds N: N single runs of the training script, each a process of its own.
+"""--num-seeds N and --grid: single runs of the training script, each a process of its own.
 
     python ppo_continuous.py --num-seeds 4                          # seeds 1..4 in runs/<run-name>__1 .. __4
     python my_ppo.py --num-seeds 4                                  # a researcher's copy launches itself
     python ppo_continuous.py --num-seeds 8 --ray-address auto       # over a Ray cluster; the folders come home
     python ppo_continuous.py --resume runs/<run-name>__1/checkpoint.pt --num-seeds 4     # every seed carries on
+    python my_ppo.py --num-seeds 4 --grid learning-rate=1e-4,3e-4   # runs/<run-name>__learning-rate=0.0001__1 ...
 
 Seed k is the command `python <script> <the same flags> --seed=k --run-name=<run-name>__k`, which its run.json
 records: the script as it was invoked (an edited copy launches itself), in a process of its own, so each seed is its
@@ -12,7 +13,9 @@ At most --seed-processes run at once (default: the cores this process may use); 
 
 While they run: one progress line for all seeds, each seed's lines on stderr behind "seed k: ", each seed's whole
 output in its folder (output.log). At the end: a table of every seed's final return, their mean, std and Student's t
-interval, and the TensorBoard command that overlays them. Ctrl-C or SIGTERM is passed on once to every running seed
+interval, and the TensorBoard command that overlays them; with --grid, the same for each configuration, each against
+the first (Welch's interval, an exact permutation p beside the least its seeds allow) and a plot of their curves
+(seed_statistics.py). Ctrl-C or SIGTERM is passed on once to every running seed
 (each saves a checkpoint after its iteration) and no new seed starts; a second signal is passed on too (they quit at
 once). A seed that fails stops alone with its line; the closing lines and the exit status say which.
 
@@ -26,12 +29,12 @@ are used), and the script calls it before its own imports: the launcher never im
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import functools
 import json
 import os
 import queue
+import shlex
 import shutil
 import subprocess
 import sys
@@ -39,77 +42,35 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from command_line import (
+    LaunchError,
+    command_flags,
+    flag_items,
+    flag_value,
+    grid_configurations,
+    script_defaults,
+    split_grid,
+    whole_number,
+)
 from ray_cluster import ClusterError, pack_folder, run_on_cluster
-from run_record import PROGRESS_FD, final_return, run_summary, sturdy_console
-from seed_statistics import mean_std_interval, permutation_floor, permutation_pvalue, welch_interval
+from run_record import PROGRESS_FD, final_return, first_line, run_summary, sturdy_console
+from seed_statistics import (
+    RANDOM_SPLITS,
+    mean_std_interval,
+    permutation_floor,
+    permutation_is_exact,
+    permutation_pvalue,
+    welch_interval,
+)
 from stop_signals import TwoStageStop, run_child_setup, signal_name
 
 # The launcher's own flags: what makes the seeds differ, and how they are run. Every other flag goes to every seed.
 LAUNCHER_FLAGS = ("--num-seeds", "--seed-processes", "--ray-address", "--seed", "--run-name", "--resume", "--grid")
 
 
-class LaunchError(Exception):
-    """Flags or folders that do not fit: one line, exit status 2."""
-
-
 # ---------------------------------------------------------------------------------------------------------------------
-# The command line: which seeds, and each one's flags
+# Which runs: the seeds and configurations of a command line, each one's flags
 # ---------------------------------------------------------------------------------------------------------------------
-def flag_items(argv: list[str]) -> list[tuple[str | None, str | None, list[str]]]:
-    """argv as the scripts' parsers read it: (name, value, its items) for each flag, --flag=value, --flag value (the
-    next item, unless that is a flag) or a switch (value None), with underscores read as dashes (--run_name is
-    --run-name); (None, None, [item]) for an item that belongs to no flag."""
-    items = []
-    index = 0
-    while index < len(argv):
-        item = argv[index]
-        if not item.startswith("--"):
-            items.append((None, None, [item]))
-            index += 1
-            continue
-        name, sep, value = item.partition("=")
-        name = name.replace("_", "-")
-        if sep:
-            items.append((name, value, [item]))
-        elif index + 1 < len(argv) and not argv[index + 1].startswith("--"):
-            items.append((name, argv[index + 1], argv[index : index + 2]))
-            index += 1
-        else:
-            items.append((name, None, [item]))
-        index += 1
-    return items
-
-
-def command_flags(argv: list[str]) -> dict[str, str | None]:
-    """{--flag: value} of every flag in argv (flag_items; a switch's value is None); a flag given twice has its last
-    value."""
-    flags: dict[str, str | None] = {}
-    for name, value, _ in flag_items(argv):
-        if name is not None:
-            flags[name] = value
-    return flags
-
-
-def flag_value(argv: list[str], name: str) -> str | None:
-    """The value of the last `name VALUE` or `name=VALUE` in argv (underscores or dashes), else None."""
-    return command_flags(argv).get(name)
-
-
-def split_grid(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(argv less --grid, the grid's axes): --grid takes every item after it up to the next flag, each FLAG=V1,V2,..."""
-    rest, axes, in_grid = [], [], False
-    for item in argv:
-        if item == "--grid" or item.startswith("--grid="):
-            in_grid = True
-            axes += [item.partition("=")[2]] if "=" in item else []
-        elif in_grid and not item.startswith("--"):
-            axes.append(item)
-        else:
-            in_grid = False
-            rest.append(item)
-    return rest, axes
-
-
 def without_launcher_flags(argv: list[str]) -> list[str]:
     """argv less the launcher's flags and their values (--grid's too)."""
     rest = split_grid(argv)[0]
@@ -126,104 +87,6 @@ def asked(argv: list[str]) -> bool:
         return int(flag_value(argv, "--num-seeds") or 1) > 1
     except ValueError:
         return True  # not a whole number: said in one line (whole_number), not in the script's parser's box
-
-
-def script_fields(script: str) -> dict[str, tuple[str, object]]:
-    """{name: (annotation, literal default)} of the script's `Args` fields that are flags, read from its source (the
-    launcher imports no torch), those of an `Args` it extends (dppo_ray.py's: `ppo.Args`, from the module it imports
-    as `ppo`) first; a default that is not a literal is None. The fields the script computes (batch_size and the
-    like, "computed in runtime") and those kept off its command line (tyro.conf.Suppress) are no flags."""
-    try:
-        with open(script) as f:
-            tree = ast.parse(f.read())
-    except (OSError, SyntaxError):
-        return {}
-    modules = {}  # the name a module is imported as -> its file beside the script
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                path = os.path.join(os.path.dirname(script), alias.name.replace(".", os.sep) + ".py")
-                modules[alias.asname or alias.name] = path
-    fields: dict[str, tuple[str, object]] = {}
-    for node in tree.body:
-        if not isinstance(node, ast.ClassDef) or node.name != "Args":
-            continue
-        for base in node.bases:
-            if isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name) and base.value.id in modules:
-                fields |= script_fields(modules[base.value.id])
-        for item, after in zip(node.body, [*node.body[1:], None]):
-            if not isinstance(item, ast.AnnAssign) or not isinstance(item.target, ast.Name):
-                continue
-            annotation = ast.unparse(item.annotation)
-            docstring = (
-                after.value.value if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) else ""
-            )
-            if "Suppress" in annotation or "computed in runtime" in str(docstring):
-                fields.pop(item.target.id, None)
-                continue
-            default = None
-            with contextlib.suppress(ValueError, TypeError, SyntaxError):
-                default = ast.literal_eval(item.value) if item.value is not None else None
-            fields[item.target.id] = (annotation, default)
-    return fields
-
-
-def script_defaults(script: str) -> dict:
-    """The literal defaults of the script's `Args` fields."""
-    return {name: default for name, (_, default) in script_fields(script).items() if default is not None}
-
-
-def grid_configurations(axes: list[str], script: str, reserved: dict[str, str] | None = None) -> list[tuple[str, list]]:
-    """(label, flags) of every combination of the grid's values, in the order given (the first is the baseline of
-    the comparisons); `axes`: FLAG=V1,V2 each. A label is FLAG=VALUE for each axis, joined by "__", so that the
-    folders' names say it; each value is written one way for its flag's type (1e-4 and 0.0001 are one configuration,
-    0.0001), and a switch's values are true or false (--flag, --no-flag). `reserved`: flags the grid may not vary, each
-    with why. The one reading of a grid: the launcher's --grid and benchmarks/learning.py's."""
-    fields = script_fields(script)
-    choices: list[tuple[str, list[tuple[str, str]]]] = []
-    for axis in axes:
-        name, sep, values = axis.partition("=")
-        name = name.removeprefix("--").replace("_", "-")
-        if not sep or not name or not all(values.split(",")):
-            raise LaunchError(f"--grid {axis}: each axis is FLAG=V1,V2 (values separated by commas, none empty)")
-        if name in (reserved or {}):
-            raise LaunchError(f"--grid {axis}: {reserved[name]}")
-        if name.replace("-", "_") not in fields:
-            raise LaunchError(f"--grid {axis}: {os.path.basename(script)} has no flag --{name}")
-        if name in [chosen for chosen, _ in choices]:
-            raise LaunchError(f"--grid names --{name} twice: give all its values in one axis")
-        kind = fields[name.replace("-", "_")][0]
-        kind = "bool" if kind.endswith("bool]") else kind
-        written = [grid_value(name, value, kind) for value in values.split(",")]
-        if len(set(written)) < len(written) or any(not v or v != v.strip() or "/" in v or "|" in v for v in written):
-            raise LaunchError(f"--grid {axis}: give distinct values without spaces, '/' or '|' (they name folders)")
-        if kind == "bool":
-            choices.append((name, [(f"{name}={v}", f"--{'' if v == 'True' else 'no-'}{name}") for v in written]))
-        else:
-            choices.append((name, [(f"{name}={v}", f"--{name}={v}") for v in written]))
-    combos: list[tuple[str, list]] = [("", [])]
-    for _, options in choices:
-        combos = [(f"{label}__{part}".strip("_"), [*flags, flag]) for label, flags in combos for part, flag in options]
-    return combos
-
-
-def grid_value(name: str, value: str, kind: str) -> str:
-    """A grid value written one way for its flag's type (the annotation's text): a float as Python writes it (0.0003),
-    an int as an int, a switch as True or False; other values as given."""
-    base = "bool" if kind.endswith("bool]") else kind.split("|")[0].strip()  # a tyro.conf marker's switch too
-    try:
-        if base == "float":
-            return repr(float(value))
-        if base == "int":
-            return str(int(value))
-    except ValueError:
-        kind_name = "a number" if base == "float" else "an integer"
-        raise LaunchError(f"--grid {name}={value}: --{name} takes {kind_name}") from None
-    if base == "bool":
-        if value.lower() not in ("true", "false"):
-            raise LaunchError(f"--grid {name}={value}: --{name} is a switch; its values are true and false")
-        return "True" if value.lower() == "true" else "False"
-    return value
 
 
 def configurations(script: str, argv: list[str]) -> list[tuple[str, list[str]]]:
@@ -243,17 +106,6 @@ def configurations(script: str, argv: list[str]) -> list[tuple[str, list[str]]]:
                 f"{name} is also given outside the grid: give it once"
             )
     return grid_configurations(axes, script, reserved)
-
-
-def whole_number(argv: list[str], name: str, default: int, least: int) -> int:
-    value = flag_value(argv, name)
-    try:
-        number = default if value is None else int(value)
-    except ValueError:
-        raise LaunchError(f"{name} takes a whole number, got {value!r}") from None
-    if number < least:
-        raise LaunchError(f"{name} must be >= {least}, got {number}")
-    return number
 
 
 @dataclass
@@ -290,6 +142,8 @@ def new_seeds(script: str, argv: list[str]) -> list[Seed]:
         env_id = flag_value(argv, "--env-id") or str(defaults.get("env_id", "env"))
         exp_name = flag_value(argv, "--exp-name") or defaults.get("exp_name") or os.path.basename(script)[:-3]
         base = f"{env_id.replace(':', '_')}__{exp_name}__{int(time.time())}"
+        if any(label.startswith("env-id=") or "__env-id=" in label for label, _ in configs):  # each label names it
+            base = f"{exp_name}__{int(time.time())}"
     overwrite = "--overwrite" in flags
     seeds = []
     for label, config_flags in configs:
@@ -351,10 +205,10 @@ def plan(script: str, argv: list[str]) -> list[Seed]:
     """Every seed's run, or a LaunchError for flags that do not fit."""
     flags = command_flags(argv)
     if "--eval-checkpoint" in flags:
-        raise LaunchError("--eval-checkpoint evaluates one policy: leave out --num-seeds")
+        raise LaunchError("--eval-checkpoint evaluates one policy: leave out --num-seeds and --grid")
     if "--resume" in flags and "--overwrite" in flags:
         raise LaunchError("--resume and --overwrite do not fit together: continue the seeds, or start them afresh")
-    if "--resume" in flags and split_grid(argv)[1]:
+    if "--resume" in flags and "--grid" in flags:
         raise LaunchError(
             "--resume continues the seeds of one configuration: --resume runs/<run-name>__<config>__<seed>/"
             "checkpoint.pt --num-seeds N, without --grid (the closing lines of the launch give each command)"
@@ -493,7 +347,7 @@ class Launch:
         self.ended: list[Ended] = []
         self.events: queue.Queue = queue.Queue()
         self.stop = TwoStageStop(self.stop_after_iteration, self.stop_now)  # its signum: the latest signal
-        self.refused = False
+        self.refused: set[str] = set()  # the configurations whose flags were refused
         self.bar = None
 
     def say(self, line: str) -> None:
@@ -515,11 +369,16 @@ class Launch:
             child.signal(signum)
         self.say(f"{self.prog}: {signal_name(signum)} again: the runs under way quit now (their last checkpoints stay)")
 
-    def may_start(self) -> bool:
-        """Whether a waiting seed starts now: a process is free, no signal came, and no seed's flags were refused."""
-        return (
-            bool(self.waiting) and len(self.running) < self.parallel and self.stop.signum is None and not self.refused
-        )
+    def next_seed(self) -> Seed | None:
+        """The waiting seed that starts now, if any: a process is free, no signal came, and its configuration's flags
+        were not refused (a refusal is every seed's of that configuration; the other configurations go on)."""
+        if len(self.running) >= self.parallel or self.stop.signum is not None:
+            return None
+        for seed in self.waiting:
+            if seed.config not in self.refused:
+                self.waiting.remove(seed)
+                return seed
+        return None
 
     def run(self) -> list[Ended]:
         from tqdm import tqdm
@@ -528,8 +387,7 @@ class Launch:
         try:
             with self.stop:
                 while True:
-                    while self.may_start():
-                        seed = self.waiting.pop(0)
+                    while (seed := self.next_seed()) is not None:
                         if seed.note:
                             self.say(f"{self.prog}: {seed.name} {seed.note}")
                         self.running.append(SeedProcess(self.script, seed, self.events, self.cwd))
@@ -566,8 +424,8 @@ class Launch:
             self.running.remove(child)
             early = []
             if payload == 2 and not os.path.isdir(child.run_dir):
-                early = [line for _, line in child.lines]  # refused flags are every seed's: said once, none more starts
-                self.refused = True
+                early = [line for _, line in child.lines]  # said once; no more seed of its configuration starts
+                self.refused.add(child.seed.config)
             else:
                 for held_kind, line in child.keep("err", None) if os.path.isdir(child.run_dir) else child.lines:
                     self.echo(prefix + line, held_kind)
@@ -618,7 +476,7 @@ def seed_status(ended: Ended) -> str:
     return "completed" if ended.returncode == 0 else f"exit {ended.returncode}"
 
 
-def report(prog: str, ended: list[Ended], not_started: list[Seed], first: int) -> list[str]:
+def report(prog: str, ended: list[Ended], not_started: list[Seed], first: int, address: str | None = None) -> list[str]:
     """The closing lines (stdout): a row for each seed, the statistics of the completed seeds' final returns (for
     each configuration of a grid, and each configuration against the first), the TensorBoard command and, when a seed
     did not complete, which, and how to continue them."""
@@ -652,7 +510,7 @@ def report(prog: str, ended: list[Ended], not_started: list[Seed], first: int) -
         lines.append(f"curves: tensorboard --logdir_spec {spec}")
     for config in configs:
         unfinished = [(row.seed, status) for row, status, _ in rows if row.seed.config == config]
-        lines += continue_lines(prog, unfinished, first)
+        lines += continue_lines(prog, unfinished, first, address)
     return lines
 
 
@@ -672,32 +530,46 @@ def final_return_lines(config: str, finals: list[float], count: int) -> list[str
 def comparison_lines(baseline: str, base: list[float], config: str, finals: list[float]) -> list[str]:
     """A configuration against the first: the difference of the mean final returns, Welch's 95% interval and the exact
     permutation test's p, beside the least p that these seed counts allow (a difference no test of so few seeds can
-    show is said as such)."""
+    show is said as such); past seed_statistics.EXACT_SPLITS, a p from random splits, said as such."""
     if len(base) < 2 or len(finals) < 2:
         return [f"{config} vs {baseline}: too few completed seeds to compare (2 of each at least)"]
     low, high = welch_interval(finals, base)
     difference = sum(finals) / len(finals) - sum(base) / len(base)
     p, floor = permutation_pvalue(finals, base), permutation_floor(len(finals), len(base))
+    exact = permutation_is_exact(len(finals), len(base))
     line = f"{config} vs {baseline}: difference {difference:+.2f}, Welch 95% interval [{low:.2f}, {high:.2f}], "
-    line += f"permutation p = {p:.3f} (the least p {len(finals)} + {len(base)} seeds allow: {floor:.3f})"
+    if exact:
+        line += f"permutation p = {p:.3f} (the least p {len(finals)} + {len(base)} seeds allow: {floor:.3f})"
+    else:
+        line += f"permutation p = {p:.4f} (from {RANDOM_SPLITS:,} random splits of the seeds)"
     if floor > 0.05:
         line += "; too few seeds for p < 0.05"
     return [line]
 
 
-def continue_lines(prog: str, seeds: list[tuple[Seed, str]], first: int) -> list[str]:
+def continue_lines(prog: str, seeds: list[tuple[Seed, str]], first: int, address: str | None) -> list[str]:
     """Which seeds of one configuration did not complete (`seeds`: each with its status), and the command that
-    continues them all: --resume of a seed that saved a checkpoint (which holds its flags; a seed without one starts
-    afresh), or, where none did, the launch again over its folders."""
+    continues them all: --resume of a seed that started (its run.json holds the command; a seed without a checkpoint
+    starts afresh, one without a folder starts). A configuration of a grid none of whose seeds started gets the command
+    that starts it alone, into the same folders."""
     unfinished = [seed for seed, status in seeds if status != "completed"]
     if not unfinished:
         return []
-    which = f"{seeds[0][0].config + ' ' if seeds[0][0].config else ''}seed {', '.join(str(s.seed) for s in unfinished)}"
-    saved = [seed for seed, _ in seeds if os.path.isfile(os.path.join(seed.run_dir, "checkpoint.pt"))]
-    if saved:
-        again = f"python {prog} --resume {os.path.join(saved[0].run_dir, 'checkpoint.pt')} --seed {first} "
-        return [f"not completed: {which}; continue every seed with: {again}--num-seeds {len(seeds)}"]
-    return [f"not completed: {which}; none saved a checkpoint: start again with the same command and --overwrite"]
+    config = seeds[0][0].config
+    which = f"{config + ' ' if config else ''}seed {', '.join(str(seed.seed) for seed in unfinished)}"
+    cluster = f" --ray-address {address}" if address else ""
+    recorded = [seed for seed, _ in seeds if os.path.isfile(os.path.join(seed.run_dir, "run.json"))]
+    if recorded:
+        checkpoint = os.path.join(recorded[0].run_dir, "checkpoint.pt")
+        again = f"python {prog} --resume {checkpoint} --seed {first} --num-seeds {len(seeds)}{cluster}"
+        return [f"not completed: {which}; continue every seed{' of it' if config else ''} with: {again}"]
+    if config:
+        one = seeds[0][0]
+        run_name = str(flag_value(one.flags, "--run-name")).removesuffix(f"__{one.seed}")
+        flags = " ".join(shlex.quote(item) for item in without_launcher_flags(one.flags))
+        again = f"python {prog} {flags} --seed {first} --num-seeds {len(seeds)} --run-name {run_name}{cluster}"
+        return [f"not completed: {which}; none started: start them alone with: {again}"]
+    return [f"not completed: {which}; none of them started training: run the same command again"]
 
 
 def exit_status(ended: list[Ended], not_started: list[Seed], signum: int | None) -> int:
@@ -753,11 +625,14 @@ def launch(script: str, argv: list[str]) -> int:
             print(text, file=sys.stderr)
     if ended and len(refusals) == len(ended):
         return 2
-    lines = report(prog, ended, not_started, seeds[0].seed)
+    print("\n".join(report(prog, ended, not_started, seeds[0].seed, address)), flush=True)
     if seeds[0].config:  # a grid: the configurations' curves side by side
         first = seeds[0]
-        lines.append(plot_configurations(ended, first.run_dir[: -len(f"__{first.config}__{first.seed}")] + ".png"))
-    print("\n".join(lines), flush=True)
+        path = first.run_dir[: -len(f"__{first.config}__{first.seed}")] + ".png"
+        try:
+            print(plot_configurations(ended, path), flush=True)
+        except Exception as e:  # noqa: BLE001 (the plot is a view of the runs, whose folders and table stand)
+            print(f"no plot of the curves: {first_line(e)}", flush=True)
     return exit_status(ended, not_started, signum)
 
 

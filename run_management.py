@@ -46,7 +46,7 @@ from checkpoints import (
     save_atomic,
     unwrapped,
 )
-from launcher import command_flags
+from command_line import command_flags
 from run_record import PROGRESS_FD, file_sha256, first_line, package_version, run_environment, sturdy_console
 from stop_signals import STOP_SIGNALS, TwoStageStop, signal_name, take_back_stop_signals
 

@@ -14,6 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 MODULES = [
     "ppo_continuous.py",
     "launcher.py",
+    "command_line.py",
     "ray_cluster.py",
     "run_record.py",
     "seed_statistics.py",

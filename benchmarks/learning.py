@@ -60,7 +60,8 @@ from common import (
 from learning_report import TARGETS, plot_curves, plot_grid, read_curve, report_lines, summarize_runs
 
 # common put the repository on the path
-from launcher import Ended, Launch, LaunchError, Seed, command_flags, grid_configurations
+from command_line import LaunchError, command_flags, grid_configurations
+from launcher import Ended, Launch, Seed
 from ray_cluster import ClusterError, pack_folder, run_on_cluster
 from run_record import file_sha256, last_line
 from stop_signals import take_back_stop_signals

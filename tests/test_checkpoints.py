@@ -130,6 +130,7 @@ LAYERS = {
     "run_record": 0,
     "stop_signals": 0,
     "seed_statistics": 0,
+    "command_line": 0,
     "ray_cluster": 1,
     "launcher": 2,
     "checkpoints": 1,
@@ -139,7 +140,7 @@ LAYERS = {
     "dppo_ray": 5,
 }
 # The modules the launcher runs on: the standard library and these of the repository's (no torch, no numpy)
-STANDARD_LIBRARY_ONLY = ("run_record", "stop_signals", "seed_statistics", "ray_cluster", "launcher")
+STANDARD_LIBRARY_ONLY = ("run_record", "stop_signals", "seed_statistics", "command_line", "ray_cluster", "launcher")
 
 
 def repository_imports(module: str) -> set[str]:
@@ -158,10 +159,11 @@ def repository_imports(module: str) -> set[str]:
 
 
 def test_each_module_imports_only_the_layers_below_it():
-    """gae, run_record, stop_signals, seed_statistics <- checkpoints, ray_cluster <- fast_paths, launcher <-
-    run_management <- ppo_continuous <- dppo_ray: no circles, and a module that needs a script's code (checkpoints
-    rebuilding an Agent) is handed the script's module instead of importing it. The launcher and the Ray runner import
-    only standard-library modules of the repository's: they start the script as processes, before torch."""
+    """gae, run_record, stop_signals, seed_statistics, command_line <- checkpoints, ray_cluster <- fast_paths,
+    launcher <- run_management <- ppo_continuous <- dppo_ray: no circles, and a module that needs a script's code
+    (checkpoints rebuilding an Agent) is handed the script's module instead of importing it. The launcher and the Ray
+    runner import only standard-library modules of the repository's: they start the script as processes, before
+    torch."""
     upward = {
         module: sorted(name for name in repository_imports(module) if LAYERS[name] >= LAYERS[module])
         for module in LAYERS
