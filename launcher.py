@@ -52,7 +52,7 @@ from command_line import (
     split_grid,
     whole_number,
 )
-from ray_cluster import ClusterError, pack_folder, run_on_cluster
+from ray_cluster import ClusterError, cluster_job, run_on_cluster
 from run_record import PROGRESS_FD, final_return, first_line, run_summary, sturdy_console
 from seed_statistics import (
     RANDOM_SPLITS,
@@ -677,25 +677,12 @@ def seeds_on_cluster(script: str, seeds: list[Seed], address: str) -> tuple[list
     jobs = []
     for seed in seeds:
         run_name = os.path.relpath(seed.run_dir, "runs")
-        resume = "--resume" in command_flags(seed.flags)
-        folder_tar = None
-        flags = list(seed.flags)
-        if resume:  # the node resumes from the folder sent with it
+        if "--resume" in command_flags(seed.flags):  # the node resumes from the folder sent with it
             flags = [f"--resume={os.path.join('runs', run_name, 'checkpoint.pt')}"]
             flags += [item for name, _, items in flag_items(seed.flags) if name != "--resume" for item in items]
-            folder_tar = pack_folder(seed.run_dir)
-        argv = [os.path.basename(script), *flags]
-        jobs.append(
-            {
-                "label": seed.name,
-                "run_name": run_name,
-                "argv": {"resume" if resume else "new": argv, "new" if resume else "resume": None},
-                "folder_tar": folder_tar,
-                "storage": None,
-                "python": None,
-                "cpus": 1,
-            }
-        )
+            jobs.append(cluster_job(seed.name, run_name, None, [os.path.basename(script), *flags], seed.run_dir))
+        else:
+            jobs.append(cluster_job(seed.name, run_name, [os.path.basename(script), *seed.flags], None))
     started = time.time() - 1.0
     statuses, signum = run_on_cluster(jobs, address, os.path.abspath("runs"), repo)
     ended = [Ended(seed, statuses[seed.name], started=started) for seed in seeds if seed.name in statuses]

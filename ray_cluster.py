@@ -103,6 +103,32 @@ def refuse_what_does_not_fit(ray, what: str, total: float, each: float, hint: st
         raise ClusterError(f"{what} needs {each:g} CPUs on one node; the largest node has {largest:g}{hint}")
 
 
+def cluster_job(
+    label: str,
+    run_name: str,
+    new: list[str] | None,
+    resume: list[str] | None,
+    folder: str | None = None,
+    storage: str | None = None,
+    python: str | None = None,
+    cpus: float = 1,
+) -> dict:
+    """A run as run_on_node takes it, the one shape of both its senders (the launcher's seeds, benchmarks/learning.py's
+    sweeps): its name in the lines, its folder's name under runs/ (on the node and at home), the command that starts
+    it and the one that resumes it from its checkpoint (the node picks by what the folder holds; paths relative to the
+    uploaded working_dir and the node's working folder), the half-finished folder sent with it (None: none), the shared
+    --storage (None: none), the interpreter (None: the worker's) and the CPUs it holds."""
+    return {
+        "label": label,
+        "run_name": run_name,
+        "argv": {"new": new, "resume": resume},
+        "folder_tar": pack_folder(folder) if folder else None,
+        "storage": storage,
+        "python": python,
+        "cpus": cpus,
+    }
+
+
 def run_on_node(job: dict) -> dict:
     """(In a Ray worker.) Train one run on this node and say where it ran, how it ended and, unless its folder is in
     the shared --storage, return that folder as a tar.gz. The run resumes from a checkpoint if its folder has one:

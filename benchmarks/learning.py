@@ -62,7 +62,7 @@ from learning_report import TARGETS, plot_curves, plot_grid, read_curve, report_
 # common put the repository on the path
 from command_line import LaunchError, command_flags, grid_configurations
 from launcher import Ended, Launch, Seed
-from ray_cluster import ClusterError, pack_folder, run_on_cluster
+from ray_cluster import ClusterError, cluster_job, run_on_cluster
 from run_record import file_sha256, last_line
 from stop_signals import take_back_stop_signals
 
@@ -90,7 +90,7 @@ def run_missing(cfg: argparse.Namespace) -> None:
     if cfg.ray_address:
         if cfg.storage:
             os.makedirs(cfg.runs_root, exist_ok=True)  # a node that does not see it refuses its runs
-        jobs = [cluster_job(cfg, *run) for run in missing]
+        jobs = [sweep_job(cfg, *run) for run in missing]
         try:
             statuses, stopped = run_on_cluster(
                 jobs, cfg.ray_address, cfg.runs_root, REPO, cfg.max_retries, prog="learning.py"
@@ -249,7 +249,7 @@ def run_python(cfg: argparse.Namespace, impl: str) -> str:
     return sys.executable if impl == "sb3" else cfg.python
 
 
-def cluster_job(cfg: argparse.Namespace, label: str, impl: str, config: list, env_id: str, seed: int, status: str):
+def sweep_job(cfg: argparse.Namespace, label: str, impl: str, config: list, env_id: str, seed: int, status: str):
     """A run as ray_cluster.run_on_node takes it. Its paths are relative: the script's to the repo that Ray uploads, the
     run folder's to the node's working folder. The run's commands for a fresh start and for resuming: the node picks
     one by what it finds in the folder."""
@@ -267,15 +267,16 @@ def cluster_job(cfg: argparse.Namespace, label: str, impl: str, config: list, en
         cpus = int(flags.get("--num-actors") or 2) * float(flags.get("--actor-cpus") or 1) + 1  # actors, the learner
     else:
         cpus = 1
-    return {
-        "label": f"{label} on {env_id}, seed {seed}",
-        "run_name": run_name,
-        "argv": argv,
-        "folder_tar": pack_folder(head_folder) if resume_from_head else None,
-        "storage": os.path.dirname(os.path.abspath(cfg.runs_root)) if cfg.storage else None,
-        "python": cfg.python if cfg.python_given else None,
-        "cpus": cpus,
-    }
+    return cluster_job(
+        f"{label} on {env_id}, seed {seed}",
+        run_name,
+        argv["new"],
+        argv["resume"],
+        head_folder if resume_from_head else None,
+        os.path.dirname(os.path.abspath(cfg.runs_root)) if cfg.storage else None,
+        cfg.python if cfg.python_given else None,
+        cpus,
+    )
 
 
 def run_flags(cfg: argparse.Namespace, env_id: str, seed: int) -> list[str]:
