@@ -137,13 +137,12 @@ def grid_configurations(axes: list[str], script: str, reserved: dict[str, str] |
         if name in [chosen for chosen, _ in choices]:
             raise LaunchError(f"--grid names --{name} twice: give all its values in one axis")
         kind = fields[name.replace("-", "_")][0]
-        kind = "bool" if kind.endswith("bool]") else kind
         written = [grid_value(name, value, kind) for value in values.split(",")]
         if any(not re.fullmatch(r"[A-Za-z0-9._+-]+", v) or "__" in v for v in written):
             raise LaunchError(f"--grid {axis}: a value is letters, digits and . _ + - (not __): they name folders")
         if len(set(written)) < len(written):
             raise LaunchError(f"--grid {axis}: give distinct values (1e-4 and 0.0001 are one value)")
-        if kind == "bool":
+        if flag_type(kind) == "bool":
             choices.append((name, [(f"{name}={v}", f"--{'' if v == 'True' else 'no-'}{name}") for v in written]))
         else:
             choices.append((name, [(f"{name}={v}", f"--{name}={v}") for v in written]))
@@ -153,14 +152,19 @@ def grid_configurations(axes: list[str], script: str, reserved: dict[str, str] |
     return combos
 
 
+def flag_type(kind: str) -> str:
+    """The type a flag's annotation (its text) takes its value as: bool for a switch (a tyro.conf marker's too), else
+    the annotation's first alternative (float of `float | None`)."""
+    return "bool" if kind == "bool" or kind.endswith("bool]") else kind.split("|")[0].strip()
+
+
 def grid_value(name: str, value: str, kind: str) -> str:
     """A grid value written one way for its flag's type (the annotation's text): a float as Python writes it (0.0003),
     an int as an int, a switch as True or False, None where the flag takes it, one of a Literal's choices; other
     values as given."""
-    parts = [part.strip() for part in kind.split("|")]
-    if value == "None" and "None" in parts:
+    if value == "None" and "None" in [part.strip() for part in kind.split("|")]:
         return value
-    base = "bool" if kind.endswith("bool]") else parts[0]  # a tyro.conf marker's switch too
+    base = flag_type(kind)
     if base.startswith("Literal[") and base.endswith("]"):
         choices = [str(choice) for choice in ast.literal_eval(base[len("Literal[") : -1] + ",")]
         if value not in choices:

@@ -702,9 +702,7 @@ def train(args: Args) -> int:
             if ckpt is None:
                 ppo.warm_up(run)
             ppo.training_loop(run, loop)
-        if loop.keeps_state:
-            ppo.save_checkpoint(run)
-        eval_failed = finish_run(run, loop.status, actors.summary())
+        eval_failed = finish_run(run, loop, ppo.save_checkpoint, actors.summary())
     finally:
         if ray is not None:
             ray.shutdown()

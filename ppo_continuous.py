@@ -788,9 +788,7 @@ def train(args: Args) -> int:
         if ckpt is None:
             warm_up(run)
         training_loop(run, loop)
-    if loop.keeps_state:
-        save_checkpoint(run)
-    eval_failed = finish_run(run, loop.status)
+    eval_failed = finish_run(run, loop, save_checkpoint)
     if loop.error:  # what stopped the run (StopRun), as its last line
         print(f"{PROG}: error: {loop.error}", file=sys.stderr)
     return loop.exit_status() or eval_failed

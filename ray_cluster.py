@@ -426,8 +426,9 @@ def run_on_cluster(
     for module in (sys.modules[__name__], run_record, stop_signals):
         ray.cloudpickle.register_pickle_by_value(module)
     try:
-        for job in jobs:  # the runs queue for the CPUs, but each needs its own on one node
-            refuse_what_does_not_fit(ray, job["label"], 0, job["cpus"])
+        # the runs queue for the CPUs, but each needs its own on one node
+        biggest = max(jobs, key=lambda job: job["cpus"])
+        refuse_what_does_not_fit(ray, biggest["label"], 0, biggest["cpus"])
         print(f"{prog}: {len(jobs)} runs to the cluster ({cpu_counts(ray)[1]:g} CPUs)", file=sys.stderr, flush=True)
         # on the head's own node: a node lost mid-run must not take the flag with it
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)

@@ -549,11 +549,14 @@ class Run:
     monitor: Monitor
 
 
-def finish_run(run: Run, status: str, extra: dict | None = None) -> int:
-    """After training (and its last checkpoint): the final model and its evaluation (with --save-model, when the run
-    completed), summary.json (with a script's `extra` fields), the closing line, and the sampler closed. Returns 1
-    when the saved model could not be evaluated (the files and the closing line are written all the same), else 0."""
-    monitor, learner, state = run.monitor, run.learner, run.state
+def finish_run(run: Run, loop: TrainingLoop, save_checkpoint, extra: dict | None = None) -> int:
+    """After training: the last checkpoint (the script's own `save_checkpoint`, when the loop left the state whole),
+    the final model and its evaluation (with --save-model, when the run completed), summary.json (with a script's
+    `extra` fields), the closing line, and the sampler closed. Returns 1 when the saved model could not be evaluated
+    (the files and the closing line are written all the same), else 0."""
+    if loop.keeps_state:
+        save_checkpoint(run)
+    status, monitor, learner, state = loop.status, run.monitor, run.learner, run.state
     script = sys.modules[type(unwrapped(learner.agent)).__module__]  # the file whose Agent acts in evaluation
     evaluation = {}
     if status == "completed" and monitor.args.save_model:
