@@ -195,6 +195,7 @@ MACHINE_FLAGS = {
     "compile",
     "seed_processes",
     "ray_address",
+    "rollout_timeout",
 }
 RUN_LENGTH_FLAGS = {
     "total_timesteps",
@@ -218,9 +219,9 @@ def computed_flags(args_type: type) -> set[str]:
     return COMPUTED_FLAGS | hidden
 
 
-def resumed_args(args_type: type, args, machine_flags: set[str]):
+def resumed_args(args_type: type, args, machine_flags: set[str], argv: list[str] | None = None):
     """--resume: the flags that define the run default to the checkpoint's; a flag given that contradicts one of
-    them is refused, naming it."""
+    them is refused, naming it. `argv`: the command line as the parser takes it (default: sys.argv's)."""
     saved = load_checkpoint(args.resume)["args"]
     names = {f.name for f in dataclasses.fields(args_type)}
     # The two scripts' checkpoints differ in what a resumed run needs: a checkpoint with flags this script lacks, or
@@ -233,7 +234,9 @@ def resumed_args(args_type: type, args, machine_flags: set[str]):
             f"--resume {args.resume} is a checkpoint of {writer}: continue it with python {writer} --resume "
             f"{args.resume}"
         )
-    args = tyro.cli(args_type, default=args_type(**{k: v for k, v in saved.items() if k not in machine_flags}))
+    args = tyro.cli(
+        args_type, args=argv, default=args_type(**{k: v for k, v in saved.items() if k not in machine_flags})
+    )
     for name in sorted(names & set(saved) - machine_flags - RUN_LENGTH_FLAGS - computed_flags(args_type)):
         if getattr(args, name) != saved[name]:
             if name == "env_id":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import os
 import re
 
@@ -150,6 +151,22 @@ def grid_configurations(axes: list[str], script: str, reserved: dict[str, str] |
     for _, options in choices:
         combos = [(f"{label}__{part}".strip("_"), [*flags, flag]) for label, flags in combos for part, flag in options]
     return combos
+
+
+def optional_switches(argv: list[str], args_type: type) -> list[str]:
+    """`argv` with a bare --FLAG or --no-FLAG of a `bool | None` field (tyro gives such a field no switch pair, only
+    --FLAG {None,True,False}) written as --FLAG True or --FLAG False."""
+    optional = {f"--{f.name.replace('_', '-')}" for f in dataclasses.fields(args_type) if str(f.type) == "bool | None"}
+    out = []
+    for index, token in enumerate(argv):
+        negated = token.replace("--no-", "--", 1) if token.startswith("--no-") else None
+        if negated in optional:
+            out += [negated, "False"]
+        elif token in optional and (argv[index + 1 : index + 2] or ["--"])[0] not in ("True", "False", "None"):
+            out += [token, "True"]
+        else:
+            out.append(token)
+    return out
 
 
 def flag_type(kind: str) -> str:

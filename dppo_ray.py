@@ -56,6 +56,7 @@ from run_management import (
     cli,
     finish_run,
     require_positive,
+    rollout_timeout,
     say_rounded_timesteps,
     seed_everything,
 )
@@ -68,7 +69,6 @@ MACHINE_FLAGS = checkpoints.MACHINE_FLAGS | {
     "actor_cpus",
     "object_store_memory",
     "no_ray",
-    "rollout_timeout",
     "max_actor_restarts",
 }
 
@@ -125,8 +125,8 @@ class Args(ppo.Args):
     extreme ratios (1.0 would be V-trace's rho-bar, which also shrinks every step taken on stale data)"""
     rollout_timeout: float = 0.0
     """seconds an actor may take for a rollout (or to take a broadcast) before it is restarted and its rollout counted
-    lost; 0: 60 s plus 20 ms per env step of a rollout (--num-envs-per-actor x --num-steps). Ray only: --no-ray steps
-    the envs in this process, where nothing can interrupt them"""
+    lost; 0: 60 s plus 20 ms per env step of a rollout (--num-envs-per-actor x --num-steps). --no-ray: the actors'
+    rollouts together may take --num-actors times that, past which the run stops as ppo_continuous.py's does"""
     max_actor_restarts: int = 20
     """actor restarts the run rides out (a crashed or timed-out actor, a lost node); one more stops it with a
     checkpoint and one line naming the cause. Raise it on a cluster whose nodes come and go"""
@@ -145,8 +145,6 @@ def validate_args(args: Args) -> None:
     require_positive(args, ["num_actors", "num_envs_per_actor", "sync_every", "actor_cpus", "max_is_weight"])
     if args.max_policy_lag < 0:
         raise UsageError("--max-policy-lag must be >= 0")
-    if args.rollout_timeout < 0 or not math.isfinite(args.rollout_timeout):
-        raise UsageError("--rollout-timeout must be a number of seconds >= 0 (0: scaled to the rollout's size)")
     if args.max_actor_restarts < 0:
         raise UsageError("--max-actor-restarts must be >= 0")
     if args.no_ray and args.ray_address:
@@ -259,12 +257,6 @@ class Done:
         self.value, self.error = value, error
 
 
-def rollout_timeout(args: Args) -> float:
-    """--rollout-timeout, or by default 60 s plus 20 ms per env step of one rollout: a simulator as slow as 50 steps/s
-    still makes it."""
-    return args.rollout_timeout or 60.0 + 0.02 * args.num_envs_per_actor * args.num_steps
-
-
 STARTUP_SECONDS = 120.0  # the least time an actor is given to start (a new worker process, imports, its envs)
 
 
@@ -280,7 +272,7 @@ class ActorPool:
         self.loop = loop  # a signal stops a wait for rollouts, not only the iteration after it
         self.counters = counters  # the run's event counts: restarts, lost and dropped rollouts
         self.restarts = 0  # in this process, against --max-actor-restarts
-        self.timeout = rollout_timeout(args)
+        self.timeout = rollout_timeout(args, args.num_envs_per_actor)
         actor_cls = RolloutActor
         if ray_module is not None:
             restarts = args.max_actor_restarts + 1  # Ray's cap per actor; the pool's own count stops the run first
@@ -583,6 +575,7 @@ class ActorSampler:
         self.update_start: float | None = None
 
     rng_state = None  # the actors' streams are seeded anew from the step a resumed run starts at
+    rollout_timeout = None  # on Ray, the pool times each actor's rollout (TrainingLoop.watch)
 
     def make_agent(self) -> Agent:
         return Agent(*self.spaces, discrete=self.discrete)
@@ -595,6 +588,8 @@ class ActorSampler:
         self.state = run.state
         video_dir = os.path.abspath(os.path.join(run.run_dir, "videos"))
         self.pool = ActorPool(self.args, ray_module, video_dir, run.state.global_step, run.state.counters, loop)
+        if ray_module is None:  # the actors step their envs in this process: the run's watchdog times them all
+            self.rollout_timeout = self.args.num_actors * self.pool.timeout
 
     def warm_up(self, steps: int) -> tuple[np.ndarray, np.ndarray, float]:
         """The moments of every actor's random-action warm-up, merged."""
@@ -661,7 +656,7 @@ class ActorSampler:
         self.end_update()
         return {
             "learner_updates": self.state.iteration,
-            "rollout_timeout_seconds": rollout_timeout(self.args),
+            "rollout_timeout_seconds": rollout_timeout(self.args, self.args.num_envs_per_actor),
             "actor_nodes": len(self.actor_nodes),
             "learner_seconds": {k: round(v, 2) for k, v in self.seconds.items()},
         }
@@ -697,12 +692,12 @@ def train(args: Args) -> int:
     try:
         run = ppo.start_run(args, ckpt, device, actors)
         say_rounded_timesteps(args)
-        with TrainingLoop(run.run_dir) as loop:
+        with TrainingLoop(run, ppo.save_checkpoint) as loop:
             actors.attach(run, loop, ray)  # one that fails to start stops the run with its checkpoint
             if ckpt is None:
-                ppo.warm_up(run)
+                ppo.warm_up(run, loop)
             ppo.training_loop(run, loop)
-        eval_failed = finish_run(run, loop, ppo.save_checkpoint, actors.summary())
+        eval_failed = finish_run(loop)
     finally:
         if ray is not None:
             ray.shutdown()

@@ -45,6 +45,11 @@ TOLERANCE = 1e-4
 # would rebuild its graph at every change: after this many recompiles it runs eagerly instead, with one line.
 RECOMPILES = 2
 
+# The compile rule: by default a run compiles its gradient only when it takes enough gradient steps to repay a cold
+# build of the graph (a run after an edit of what the gradient traces, or the first on a machine): the build's cost over
+# what a compiled step saves, as benchmarks/compile_rule.py measures them (benchmarks/results/README.md has the figures)
+COMPILE_PAYS_AFTER_STEPS = 20_000
+
 RANDOM_LAYERS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 
 
@@ -263,6 +268,18 @@ def compile_blockers(agent: nn.Module) -> str | None:
     if any(p.dtype not in (torch.float32, torch.float64) for p in agent.parameters()):
         return "parameters that are not float32 or float64"
     return None
+
+
+def compile_pays(args) -> str | None:
+    """Why a run of these flags trains with the eager gradient by default, or None where the compiled one pays: its
+    gradient steps (iterations x --update-epochs x --num-minibatches) under COMPILE_PAYS_AFTER_STEPS. The flags
+    decide, never the cache or the clock, so that one command trains one run, cold or warm."""
+    steps = args.num_iterations * args.update_epochs * args.num_minibatches
+    if steps >= COMPILE_PAYS_AFTER_STEPS:
+        return None
+    return (
+        f"{steps:,} gradient steps, under the {COMPILE_PAYS_AFTER_STEPS:,} that repay a compile (--compile forces it)"
+    )
 
 
 def compile_for(function, agent: nn.Module):
@@ -543,7 +560,9 @@ def choose_paths(learner, args, plain_actor: type, gradient, numpy_acting: bool 
     fast.used["acting"] = "numpy (NumpyActor, audited against TorchActor)" if fast.acting else "torch (TorchActor)"
     if acting_problem:
         say(f"fast acting off: {acting_problem}; acting with torch through TorchActor")
-    compile_problem = "--no-fast-path" if not args.fast_path else "--no-compile" if not args.compile else None
+    compile_problem = "--no-fast-path" if not args.fast_path else "--no-compile" if args.compile is False else None
+    if compile_problem is None and args.compile is None:
+        compile_problem = compile_pays(args)
     if compile_problem is None:
         compile_problem = compile_blockers(agent)
         if compile_problem is not None:

@@ -11,13 +11,14 @@ records: the script as it was invoked (an edited copy launches itself), in a pro
 single run bit for bit, whatever state the code keeps (module globals, caches, random generators, torch's settings).
 At most --seed-processes run at once (default: the cores this process may use); the next starts as one ends.
 
-While they run: one progress line for all seeds, each seed's lines on stderr behind "seed k: ", each seed's whole
-output in its folder (output.log). At the end: a table of every seed's final return, their mean, std and Student's t
-interval, and the TensorBoard command that overlays them; with --grid, the same for each configuration, each against
-the first (Welch's interval, an exact permutation p beside the least its seeds allow) and a plot of their curves
-(seed_statistics.py). Ctrl-C or SIGTERM is passed on once to every running seed
-(each saves a checkpoint after its iteration) and no new seed starts; a second signal is passed on too (they quit at
-once). A seed that fails stops alone with its line; the closing lines and the exit status say which.
+While they run: one progress line for all seeds (naming a seed that has gone silent: Launch.silent), each seed's
+lines on stderr behind "seed k: ", each seed's whole output in its folder (output.log, written as it comes). At the
+end: a table of every seed's final return, their mean, std and Student's t interval, and the TensorBoard command that
+overlays them; with --grid, the same for each configuration, each against the first (Welch's interval, an exact
+permutation p beside the least its seeds allow) and a plot of their curves (seed_statistics.py). Ctrl-C or SIGTERM is
+passed on once to every running seed (each saves a checkpoint after its iteration) and no new seed starts; a second
+signal is passed on too (they quit at once). A seed that fails stops alone with its line; the closing lines (its
+status, the steps it reached, its cause) and the exit status say which.
 
 With --ray-address, each seed is a Ray task on the cluster's nodes (ray_cluster.run_on_cluster, the way
 benchmarks/learning.py runs its sweeps: one way to launch runs in the repository), its folder packed on the node and
@@ -36,6 +37,7 @@ import os
 import queue
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -54,15 +56,13 @@ from command_line import (
 )
 from ray_cluster import ClusterError, cluster_job, run_on_cluster
 from run_record import PROGRESS_FD, final_return, first_line, run_summary, sturdy_console
-from seed_statistics import (
-    RANDOM_SPLITS,
-    mean_std_interval,
-    permutation_floor,
-    permutation_is_exact,
-    permutation_pvalue,
-    welch_interval,
-)
-from stop_signals import TwoStageStop, run_child_setup, signal_name
+from seed_statistics import comparison_lines, final_return_lines, plot_curves
+from stop_signals import STOP_SIGNALS, TwoStageStop, run_child_setup, signal_name
+
+# pyproject.toml's requires-python, said in one line by either script (each imports this module first)
+PYTHON_FLOOR = (3, 11, 4)
+if sys.version_info < PYTHON_FLOOR:
+    sys.exit(f"{os.path.basename(sys.argv[0])}: error: Python {'.'.join(map(str, PYTHON_FLOOR))} or newer is needed")
 
 # The launcher's own flags: what makes the seeds differ, and how they are run. Every other flag goes to every seed.
 LAUNCHER_FLAGS = ("--num-seeds", "--seed-processes", "--ray-address", "--seed", "--run-name", "--resume", "--grid")
@@ -161,21 +161,40 @@ def new_seeds(script: str, argv: list[str]) -> list[Seed]:
     return seeds
 
 
+def recorded_flags(record: dict) -> list[str]:
+    """The flags a seed's run.json records it ran with: its command's, then each resume's (so the latest value of a
+    flag comes last, and wins: a resumed run's longer --total-timesteps, as its checkpoint holds it), less the
+    launcher's flags and --overwrite (which started it afresh)."""
+    commands = [record["command"], *(entry["command"] for entry in record.get("resumes", []))]
+    flags = [item for command in commands for item in without_launcher_flags(list(command[1:]))]
+    return [item for name, _, items in flag_items(flags) if name != "--overwrite" for item in items]
+
+
+def read_record(folder: str) -> dict | None:
+    """The run.json in `folder`, None where there is none or it cannot be read."""
+    try:
+        with open(os.path.join(folder, "run.json")) as f:
+            record = json.load(f)
+        recorded_flags(record)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return record
+
+
 def resumed_seeds(argv: list[str]) -> list[Seed]:
     """--resume runs/<run-name>__<k>/checkpoint.pt --num-seeds N: seeds k .. k+N-1 of that launch (from --seed, where
     given), each from its own checkpoint; a seed that has none starts afresh with the command that seed k's run.json
-    records."""
+    records. Every seed runs with the launch's flags (recorded_flags, a resumed seed's from its own run.json): those a
+    checkpoint does not carry (--no-compile, --quiet, the machine's) included, then the flags given here."""
     count = whole_number(argv, "--num-seeds", 1, 1)
     path = flag_value(argv, "--resume")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise LaunchError(f"no run folder at {os.path.dirname(path) or '.'} (--resume {path})")
+    record = read_record(folder)
     try:
-        with open(os.path.join(folder, "run.json")) as f:
-            record = json.load(f)
         first, name = int(record["hyperparameters"]["seed"]), str(record["hyperparameters"]["run_name"])
-        recorded = without_launcher_flags(list(record["command"][1:]))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         raise LaunchError(
             f"{path} has no readable run.json beside it: resume that run alone, without --num-seeds, or name another "
             "seed's checkpoint (--seed gives the first seed)"
@@ -190,10 +209,12 @@ def resumed_seeds(argv: list[str]) -> list[Seed]:
         run_name = f"{base}__{seed}"
         checkpoint = os.path.join(root, run_name, "checkpoint.pt")
         run_dir = os.path.join("runs", run_name)
+        own = read_record(os.path.dirname(checkpoint)) or record
         if os.path.isfile(checkpoint):
-            seeds.append(Seed(seed, run_dir, [f"--resume={os.path.relpath(checkpoint)}", *flags]))
+            resume = [f"--resume={os.path.relpath(checkpoint)}", *recorded_flags(own), *flags]
+            seeds.append(Seed(seed, run_dir, resume))
             continue
-        start = [*recorded, *flags, f"--seed={seed}", f"--run-name={run_name}"]
+        start = [*recorded_flags(record), *flags, f"--seed={seed}", f"--run-name={run_name}"]
         if os.path.isdir(os.path.join(root, run_name)):
             seeds.append(Seed(seed, run_dir, start, fresh=True, note="starts afresh: its folder has no checkpoint"))
         else:
@@ -224,6 +245,23 @@ def plan(script: str, argv: list[str]) -> list[Seed]:
 # ---------------------------------------------------------------------------------------------------------------------
 # Running the seeds on this machine
 # ---------------------------------------------------------------------------------------------------------------------
+# A running seed is named on the progress line once it has sent no progress report for STALL_FACTOR times the wait the
+# launcher has seen such a report take (Launch.expected_wait), and for STALL_FLOOR seconds at least: an iteration's
+# time varies with the machine's load, a periodic checkpoint, an evaluation.
+STALL_FLOOR = 60.0
+STALL_FACTOR = 4
+
+
+def duration(seconds: float) -> str:
+    """45s, 2m10s, 1h05m."""
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
 class SeedProcess:
     """A seed's run as a child process: its stdout and stderr read line by line into `events`, kept for its folder's
     output.log, and its progress read from a pipe of its own. In a session of its own, so that a Ctrl-C at the
@@ -231,12 +269,17 @@ class SeedProcess:
 
     def __init__(self, script: str, seed: Seed, events: queue.Queue, cwd: str | None = None):
         self.seed, self.events, self.cwd = seed, events, cwd
-        self.lines: list[tuple[str, str]] = []  # (kind, line), kept until the run has made its folder
+        self.lines: list[tuple[str, str]] = []  # (kind, line), held until the run is past its flags
         self.log = None
         self.step = self.total = 0
         self.recent_return: float | None = None
+        self.last_error = ""  # its last line on stderr, where a run that stops says why
         self.signal_when_training: int | None = None  # a signal passed on once the run trains (its handler is set)
         self.started = time.time() - 1.0  # file times may be coarser than the clock
+        self.begun = time.monotonic()
+        self.reports = 0
+        self.first_report = self.last_report = 0.0  # time.monotonic() of its first and latest progress reports
+        self.record_before = self.record_stat()  # a run past its flags writes its run.json (a resume adds an entry)
         progress_read, progress_write = os.pipe()
         env = dict(os.environ, **{PROGRESS_FD: str(progress_write)})
         self.proc = subprocess.Popen(
@@ -273,16 +316,41 @@ class SeedProcess:
             reader.join()
         self.events.put((self, "ended", self.proc.returncode))
 
-    def keep(self, kind: str, line: str | None) -> list[tuple[str, str]]:
+    def record_stat(self) -> tuple[int, int] | None:
+        try:
+            stat = os.stat(os.path.join(self.run_dir, "run.json"))
+        except OSError:
+            return None
+        return stat.st_mtime_ns, stat.st_size
+
+    def past_its_flags(self) -> bool:
+        """Whether its run got past its flags: it has written its run.json since it started (a new run's, or a resume's
+        entry), or reported progress. Until then its lines are held, so that a refusal is said by the launcher, once
+        for every seed that gives it (Launch.handle)."""
+        if self.reports:
+            return os.path.isdir(self.run_dir)
+        return self.record_stat() not in (None, self.record_before)
+
+    def reported(self) -> None:
+        self.last_report = time.monotonic()
+        self.first_report = self.first_report or self.last_report
+        self.reports += 1
+
+    def interval(self) -> float:
+        """Its mean time between progress reports (0 before its second)."""
+        return (self.last_report - self.first_report) / (self.reports - 1) if self.reports > 1 else 0.0
+
+    def keep(self, kind: str, line: str | None, ended: bool = False) -> list[tuple[str, str]]:
         """Write a line of its stdout or stderr (`kind` "out" or "err"; None: only those held) to its folder's
-        output.log, and return the (kind, line) to say now: none while the run has no folder yet (they are held),
-        then the held ones too."""
+        output.log, and return the (kind, line) to say now: none while the run is not past its flags (they are held),
+        then the held ones too; once it has `ended`, into its folder wherever it has one."""
         if line is not None:
             self.lines.append((kind, line))
         if self.log is None:
-            if not os.path.isdir(self.run_dir):
+            if not (self.past_its_flags() or (ended and os.path.isdir(self.run_dir))):
                 return []
-            self.log = open(os.path.join(self.run_dir, "output.log"), "a")  # noqa: SIM115 (closed in close())
+            # line-buffered, each line written as it comes: a launcher killed (SIGKILL) leaves each log whole to then
+            self.log = open(os.path.join(self.run_dir, "output.log"), "a", buffering=1)  # noqa: SIM115 (close())
         said, self.lines = self.lines, []
         for _, held in said:
             self.log.write(held + "\n")
@@ -314,12 +382,17 @@ class SeedProcess:
 
 @dataclass
 class Ended:
-    """How a seed's run ended: its exit status, and the lines it printed before it made its folder (a refused run's)."""
+    """How a seed's run ended: its exit status; `refused`: it exited with status 2 before it got past its flags, and
+    `early_lines` are what it printed then (the launcher says them); `step`: the last step its progress reported;
+    `last_error`: its last line on stderr."""
 
     seed: Seed
     returncode: int | None
     early_lines: list[str] = field(default_factory=list)
     started: float = 0.0  # when the launch started it (time.time()): older files in its folder are not its
+    step: int = 0
+    last_error: str = ""
+    refused: bool = False
 
     @functools.cached_property
     def summary(self) -> dict:
@@ -333,6 +406,15 @@ class Ended:
         except OSError:
             return {}
         return run_summary(self.seed.run_dir)
+
+    @property
+    def steps(self) -> int:
+        """The env steps its run reached: its summary's; else the last its progress reported (a run killed, or failed
+        without a summary); else what its folder's earlier summary says (a resumed run stopped before its first report
+        is where its checkpoint was)."""
+        if "env_steps" in self.summary:
+            return int(self.summary["env_steps"])
+        return self.step or int(run_summary(self.seed.run_dir).get("env_steps") or 0)
 
 
 class Launch:
@@ -348,6 +430,7 @@ class Launch:
         self.events: queue.Queue = queue.Queue()
         self.stop = TwoStageStop(self.stop_after_iteration, self.stop_now)  # its signum: the latest signal
         self.refused: set[str] = set()  # the configurations whose flags were refused
+        self.stall_floor = STALL_FLOOR
         self.bar = None
 
     def say(self, line: str) -> None:
@@ -399,7 +482,7 @@ class Launch:
                     try:
                         self.handle(*self.events.get(timeout=1.0))
                     except queue.Empty:
-                        continue
+                        self.show_progress()  # a seed that has gone silent is named even when no seed reports
         finally:
             self.bar.close()
             self.bar = None
@@ -412,25 +495,31 @@ class Launch:
                 step, total, recent = payload.split()
                 child.step, child.total = int(step), int(total)
                 child.recent_return = None if recent == "nan" else float(recent)
+                child.reported()
                 if child.signal_when_training is not None:
                     child.signal(child.signal_when_training)
                     child.signal_when_training = None
+                for held_kind, line in child.keep("err", None):  # a run that trains is past its flags
+                    self.echo(prefix + line, held_kind)
                 self.show_progress()
         elif kind in ("out", "err"):
-            # lines printed before the run made its folder are said when it does, or when it ends
+            if kind == "err" and payload.strip():
+                child.last_error = payload.strip()
+            # lines printed before the run got past its flags are said when it does, or when it ends
             for held_kind, line in child.keep(kind, payload):
                 self.echo(prefix + line, held_kind)
         else:  # ended
             self.running.remove(child)
-            early = []
-            if payload == 2 and not os.path.isdir(child.run_dir):
-                early = [line for _, line in child.lines]  # said once; no more seed of its configuration starts
+            early, refused = [], payload == 2 and not child.past_its_flags()
+            if refused:  # said by the launcher, once for the seeds that say the same; no more of its configuration
+                early = [line for _, line in child.lines]
                 self.refused.add(child.seed.config)
             else:
-                for held_kind, line in child.keep("err", None) if os.path.isdir(child.run_dir) else child.lines:
+                said = child.keep("err", None, ended=True)
+                for held_kind, line in said if child.log is not None else child.lines:
                     self.echo(prefix + line, held_kind)
             child.close()
-            self.ended.append(Ended(child.seed, payload, early, child.started))
+            self.ended.append(Ended(child.seed, payload, early, child.started, child.step, child.last_error, refused))
             self.show_progress()
 
     def echo(self, line: str, kind: str) -> None:
@@ -442,21 +531,50 @@ class Launch:
         else:
             self.say(line)
 
-    def show_progress(self) -> None:
-        """The bar: every seed's steps against every seed's total (each seed's, once it has said it), and the latest
-        return of each seed running."""
-        if self.bar is None or self.bar.disable:
-            return
-        children = [*self.started.values()]
-        count = len(children) + len(self.waiting)
-        self.bar.total = max(c.total for c in children) * count or None
-        self.bar.n = sum(c.step for c in children)
+    def expected_wait(self, child: SeedProcess) -> float:
+        """How long the launcher has seen a seed's next progress report take: before its first, the longest any seed of
+        this launch took from its start to its first (its start-up and first iteration); after, its mean interval
+        between reports, or before its second, the mean of the other seeds'; 0 where none was seen yet."""
+        if not child.reports:
+            return max((c.first_report - c.begun for c in self.started.values() if c.reports), default=0.0)
+        if child.reports > 1:
+            return child.interval()
+        intervals = [c.interval() for c in self.started.values() if c.reports > 1]
+        return sum(intervals) / len(intervals) if intervals else 0.0
+
+    def silent(self) -> list[tuple[SeedProcess, float]]:
+        """The running seeds without a progress report (since their last, or their start) for longer than
+        max(stall_floor, STALL_FACTOR x expected_wait), each with those seconds; not one past its last step, which
+        writes its files and its evaluation."""
+        now = time.monotonic()
+        found = []
+        for child in self.running:
+            quiet = now - (child.last_report or child.begun)
+            done = child.total and child.step >= child.total
+            if not done and quiet > max(self.stall_floor, STALL_FACTOR * self.expected_wait(child)):
+                found.append((child, quiet))
+        return found
+
+    def progress_line(self) -> str:
+        """How many runs are done, the latest return of each seed running, and each silent seed."""
+        count = len(self.started) + len(self.waiting)
         returns = " ".join(
-            f"{c.seed.name.removesuffix(f' seed {c.seed.seed}')}{'/' if c.seed.config else ''}{c.seed.seed}:"
+            f"{c.seed.config + '/' if c.seed.config else ''}{c.seed.seed}:"
             f"{'n/a' if c.recent_return is None else f'{c.recent_return:.0f}'}"
             for c in self.running
         )
-        self.bar.set_postfix_str(f"{len(self.ended)} of {count} runs done; returns {returns}", refresh=False)
+        silent = "".join(f"; {c.seed.name}: no progress for {duration(quiet)}" for c, quiet in self.silent())
+        return f"{len(self.ended)} of {count} runs done; returns {returns}{silent}"
+
+    def show_progress(self) -> None:
+        """The bar: every seed's steps against every seed's total (each seed's, once it has said it), and the
+        progress_line."""
+        if self.bar is None or self.bar.disable:
+            return
+        children = [*self.started.values()]
+        self.bar.total = max(c.total for c in children) * (len(children) + len(self.waiting)) or None
+        self.bar.n = sum(c.step for c in children)
+        self.bar.set_postfix_str(self.progress_line(), refresh=False)
         self.bar.refresh()
 
 
@@ -464,16 +582,33 @@ class Launch:
 # The end: every seed's final return, with an interval honest for few seeds
 # ---------------------------------------------------------------------------------------------------------------------
 def seed_status(ended: Ended) -> str:
-    """How the seed's run ended, as its summary.json says (a signal that came as it was closing does not undo a
-    completed run); else by its exit status."""
+    """How the seed's run ended: "timed out" for exit status 124 (its rollout ran past --rollout-timeout), else as its
+    summary.json says (a signal that came as it was closing does not undo a completed run); else by its exit status,
+    naming the signal that killed or stopped it."""
+    code = ended.returncode
+    if code == 124:
+        return "timed out"
     status = ended.summary.get("status")
     if status:
         return status
-    if ended.returncode is None:
+    if code is None:
         return "lost"
-    if ended.returncode < 0 or ended.returncode in (130, 143):
-        return "stopped by a signal"
-    return "completed" if ended.returncode == 0 else f"exit {ended.returncode}"
+    if code < 0:
+        with contextlib.suppress(ValueError):  # a real-time signal has no name
+            return f"killed by {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    if code - 128 in STOP_SIGNALS:  # a run's own exit status after the signal (130 for Ctrl-C)
+        return f"stopped by {signal_name(code - 128)}"
+    return "completed" if code == 0 else f"exit {code}"
+
+
+def seed_cause(prog: str, ended: Ended, status: str) -> str:
+    """Why a seed that did not complete stopped, where its status does not say it: the last line it printed on
+    stderr, where a run says its error (less `<prog>: error: `), for a run that exited with an error status."""
+    code = ended.returncode
+    if status == "completed" or code is None or code <= 0 or code - 128 in STOP_SIGNALS:
+        return ""
+    return ended.last_error.removeprefix(f"{prog}: error: ")
 
 
 def report(prog: str, ended: list[Ended], not_started: list[Seed], first: int, address: str | None = None) -> list[str]:
@@ -488,18 +623,17 @@ def report(prog: str, ended: list[Ended], not_started: list[Seed], first: int, a
         key=lambda row: (configs.index(row[0].seed.config), row[0].seed.seed),
     )
     count = f"{len(configs)} configurations x {len(rows) // len(configs)} seeds" if width else f"{len(rows)} seeds"
-    lines = [
-        f"{prog}: {count}",
-        f"{'config' if width else '':<{width}}{'seed':>6}  {'status':<20}{'steps':>10}  final return",
-    ]
+    causes = [seed_cause(prog, row, status) for row, status, _ in rows]
+    header = f"{'config' if width else '':<{width}}{'seed':>6}  {'status':<20}{'steps':>10}  final return"
+    lines = [f"{prog}: {count}", header + ("  cause" if any(causes) else "")]
     finals: dict[str, list[float]] = {config: [] for config in configs}
-    for row, status, summary in rows:
+    for (row, status, summary), cause in zip(rows, causes):
         final = final_return(summary)
         if final is not None and status == "completed":
             finals[row.seed.config].append(float(final))
         shown = "n/a" if final is None else f"{final:.2f}"
-        steps = summary.get("env_steps", 0)
-        lines.append(f"{row.seed.config:<{width}}{row.seed.seed:>6}  {status:<20}{steps:>10}  {shown}")
+        line = f"{row.seed.config:<{width}}{row.seed.seed:>6}  {status:<20}{row.steps:>10}  {shown:<12}  {cause}"
+        lines.append(line.rstrip())
     for config in configs:
         lines += final_return_lines(config, finals[config], sum(row.seed.config == config for row, *_ in rows))
     for config in configs[1:]:
@@ -514,44 +648,12 @@ def report(prog: str, ended: list[Ended], not_started: list[Seed], first: int, a
     return lines
 
 
-def final_return_lines(config: str, finals: list[float], count: int) -> list[str]:
-    """The mean, std and 95% t-interval of one configuration's completed seeds' final returns."""
-    if not finals:
-        return []
-    mean, std, interval = mean_std_interval(finals)
-    line = f"{config}: " if config else ""
-    line += f"final return (each seed's mean over its last episodes): mean {mean:.2f} over {len(finals)} "
-    line += "completed seeds" if len(finals) < count else "seeds"
-    if std is not None:
-        line += f", std {std:.2f}, 95% t-interval [{interval[0]:.2f}, {interval[1]:.2f}]"
-    return [line]
-
-
-def comparison_lines(baseline: str, base: list[float], config: str, finals: list[float]) -> list[str]:
-    """A configuration against the first: the difference of the mean final returns, Welch's 95% interval and the exact
-    permutation test's p, beside the least p that these seed counts allow (a difference no test of so few seeds can
-    show is said as such); past seed_statistics.EXACT_SPLITS, a p from random splits, said as such."""
-    if len(base) < 2 or len(finals) < 2:
-        return [f"{config} vs {baseline}: too few completed seeds to compare (2 of each at least)"]
-    low, high = welch_interval(finals, base)
-    difference = sum(finals) / len(finals) - sum(base) / len(base)
-    p, floor = permutation_pvalue(finals, base), permutation_floor(len(finals), len(base))
-    exact = permutation_is_exact(len(finals), len(base))
-    line = f"{config} vs {baseline}: difference {difference:+.2f}, Welch 95% interval [{low:.2f}, {high:.2f}], "
-    if exact:
-        line += f"permutation p = {p:.3f} (the least p {len(finals)} + {len(base)} seeds allow: {floor:.3f})"
-    else:
-        line += f"permutation p = {p:.4f} (from {RANDOM_SPLITS:,} random splits of the seeds)"
-    if floor > 0.05:
-        line += "; too few seeds for p < 0.05"
-    return [line]
-
-
 def continue_lines(prog: str, seeds: list[tuple[Seed, str]], first: int, address: str | None) -> list[str]:
     """Which seeds of one configuration did not complete (`seeds`: each with its status), and the command that
-    continues them all: --resume of a seed that started (its run.json holds the command; a seed without a checkpoint
-    starts afresh, one without a folder starts). A configuration of a grid none of whose seeds started gets the command
-    that starts it alone, into the same folders."""
+    continues them all: --resume of a seed's checkpoint (its run.json holds the command; a seed without a checkpoint
+    starts afresh, one without a folder starts). Where no seed saved a checkpoint, the command that starts them afresh
+    (--overwrite), and a configuration of a grid none of whose seeds started gets the command that starts it alone,
+    into the same folders."""
     unfinished = [seed for seed, status in seeds if status != "completed"]
     if not unfinished:
         return []
@@ -559,23 +661,33 @@ def continue_lines(prog: str, seeds: list[tuple[Seed, str]], first: int, address
     which = f"{config + ' ' if config else ''}seed {', '.join(str(seed.seed) for seed in unfinished)}"
     cluster = f" --ray-address {address}" if address else ""
     recorded = [seed for seed, _ in seeds if os.path.isfile(os.path.join(seed.run_dir, "run.json"))]
-    if recorded:
-        checkpoint = os.path.join(recorded[0].run_dir, "checkpoint.pt")
+    saved = [seed for seed in recorded if os.path.isfile(os.path.join(seed.run_dir, "checkpoint.pt"))]
+    if saved:
+        checkpoint = os.path.join(saved[0].run_dir, "checkpoint.pt")
         again = f"python {prog} --resume {checkpoint} --seed {first} --num-seeds {len(seeds)}{cluster}"
         return [f"not completed: {which}; continue every seed{' of it' if config else ''} with: {again}"]
-    if config:
-        one = seeds[0][0]
-        run_name = str(flag_value(one.flags, "--run-name")).removesuffix(f"__{one.seed}")
-        flags = " ".join(shlex.quote(item) for item in without_launcher_flags(one.flags))
-        again = f"python {prog} {flags} --seed {first} --num-seeds {len(seeds)} --run-name {run_name}{cluster}"
-        return [f"not completed: {which}; none started: start them alone with: {again}"]
-    return [f"not completed: {which}; none of them started training: run the same command again"]
+    one = seeds[0][0]
+    run_name = flag_value(one.flags, "--run-name")
+    if run_name is None or not (recorded or config):
+        return [f"not completed: {which}; none of them started training: run the same command again"]
+    flags = without_launcher_flags(one.flags) + (["--overwrite"] if recorded and "--overwrite" not in one.flags else [])
+    again = f"python {prog} {' '.join(shlex.quote(item) for item in flags)} --seed {first} --num-seeds {len(seeds)} "
+    again += f"--run-name {run_name.removesuffix(f'__{one.seed}')}{cluster}"
+    if recorded:
+        return [f"not completed: {which}; none saved a checkpoint: start them afresh with: {again}"]
+    return [f"not completed: {which}; none started: start them alone with: {again}"]
+
+
+def own_paths(seed: Seed) -> list[str]:
+    """The paths a seed's lines may name that another seed's name otherwise: its checkpoint's folder and its own."""
+    resume = flag_value(seed.flags, "--resume")
+    return [path for path in (resume and os.path.dirname(resume), seed.run_dir) if path]
 
 
 def exit_status(ended: list[Ended], not_started: list[Seed], signum: int | None) -> int:
     if signum is not None:
         return 128 + signum  # as a single run's: 130 for Ctrl-C, 143 for SIGTERM
-    if ended and all(e.returncode == 2 and e.early_lines for e in ended):
+    if ended and all(e.refused for e in ended):
         return 2
     return 1 if not_started or any(seed_status(e) != "completed" for e in ended) else 0
 
@@ -616,12 +728,15 @@ def launch(script: str, argv: list[str]) -> int:
         run = Launch(script, seeds, parallel, quiet)
         ended, signum = run.run(), run.stop.signum
         not_started = run.waiting
-    refusals = [e for e in ended if e.early_lines]
+    refusals = [e for e in ended if e.refused]
     said = set()
-    for refused in refusals:  # the same refusal of every seed is said once
+    for refused in refusals:  # the same refusal of every seed is said once: the first seed's words
         text = "\n".join(refused.early_lines)
-        if text not in said:
-            said.add(text)
+        same = text
+        for path in own_paths(refused.seed):
+            same = same.replace(path, "\0")
+        if same not in said:
+            said.add(same)
             print(text, file=sys.stderr)
     if ended and len(refusals) == len(ended):
         return 2
@@ -637,33 +752,15 @@ def launch(script: str, argv: list[str]) -> int:
 
 
 def plot_configurations(ended: list[Ended], path: str) -> str:
-    """Each configuration's curve, the mean return of the last 100 episodes against env steps (the mean and sample std
-    over its completed seeds), drawn into `path` where matplotlib is installed; the line that says where, or why not."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # into a file: no display may be there
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "no plot of the curves: matplotlib is not installed (pip install matplotlib)"
+    """Each configuration's curve over its completed seeds (seed_statistics.plot_curves), into `path`; the line that
+    says where, or why not."""
     from run_record import read_curve
-    from seed_statistics import plot_mean_and_std
 
-    figure, ax = plt.subplots(figsize=(8, 5))
-    for config in dict.fromkeys(row.seed.config for row in ended):
-        rows = [row for row in ended if row.seed.config == config and seed_status(row) == "completed"]
-        curves = [curve for row in rows if (curve := read_curve(row.seed.run_dir)) is not None]
-        if curves:
-            plot_mean_and_std(ax, curves, 0, f"{config} ({len(curves)} seeds)")
-    if not ax.lines:
-        plt.close(figure)
-        return "no plot of the curves: no configuration has a completed seed with episodes"
-    ax.set_xlabel("env steps")
-    ax.set_ylabel("mean return of the last 100 episodes")
-    ax.legend(fontsize="small")
-    figure.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(figure)
-    return f"curves of the configurations (mean and std over seeds): {path}"
+    curves: dict[str, list] = {}
+    for row in ended:
+        curve = read_curve(row.seed.run_dir) if seed_status(row) == "completed" else None
+        curves.setdefault(row.seed.config, []).extend([curve] if curve is not None else [])
+    return plot_curves(curves, path)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -671,8 +768,8 @@ def plot_configurations(ended: list[Ended], path: str) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 def seeds_on_cluster(script: str, seeds: list[Seed], address: str) -> tuple[list[Ended], list[Seed], int | None]:
     """Every seed a task of run_on_cluster, from the script's folder (which Ray uploads to the nodes); their folders
-    come back into this runs folder. Returns how each seed that ran ended, the seeds that never started (a signal came
-    first), and that signal."""
+    come back into this runs folder. Returns how each seed that ran ended (one lost with the cluster: no exit status),
+    the seeds that never started (a signal came first), and that signal."""
     repo = os.path.dirname(script)
     jobs = []
     for seed in seeds:

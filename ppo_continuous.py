@@ -8,11 +8,10 @@ statistics are saved with the policy and frozen at evaluation, a numerical guard
 checkpointed, interrupted (Ctrl-C or SIGTERM) and resumed.
 
 The file reads top to bottom as the algorithm: flags, env, agent, acting, the rollout, advantages with the guard, the
-update, the training loop. The math lives in gae.py; every gradient is autograd's through Agent and gae.ppo_loss, by
-one function (clipped_gradient, compiled where it compiles), and every step is the optimizer's that make_learner built.
-fast_paths.py holds the numpy mirror of acting (audited on every rollout) and when the compiled gradient steps aside;
-checkpoints.py and run_management.py what makes a run safe to interrupt, resume and compare; launcher.py (before torch
-is imported) --num-seeds and --grid, as single runs of this file; dppo_ray.py runs its training loop on Ray actors.
+update, the training loop. The math is gae.py's; every gradient is autograd's through Agent and gae.ppo_loss (one
+function, compiled where it compiles). fast_paths.py holds the audited numpy mirror of acting and when the compiled
+gradient steps aside; checkpoints.py and run_management.py make a run safe to interrupt, resume and compare; launcher.py
+runs --num-seeds and --grid as single runs of this file; dppo_ray.py runs its training loop on Ray actors.
 """
 
 from __future__ import annotations
@@ -143,12 +142,15 @@ class Args:
     guard_patience: int = 3
     """numerical guard: stop the run after this many bad batches in a row (a non-finite loss or gradient, or a
     batch of which under half is usable)"""
+    rollout_timeout: float = 0.0
+    """seconds a rollout (or the warm-up) may take: past them the run stops with the checkpoint of its last update,
+    one line naming the env that did not answer, and exit status 124; 0: 60 s plus 20 ms per env step of a rollout"""
     fast_path: bool = True
     """act with the numpy mirror of the actor where it matches TorchActor (checked at start-up and on every rollout)
     and compile the gradient (--compile); --no-fast-path acts with torch and trains with the eager gradient"""
-    compile: bool = True
-    """compile the minibatch's loss and gradient with torch.compile (cached on disk; eager where it cannot, with one
-    line); --no-compile: the same gradient function run eagerly, without the compile's start-up"""
+    compile: bool | None = None
+    """torch.compile the loss and gradient (eager where it cannot, with a line); default: where the run's gradient
+    steps reach 20,000, which repay a cold build (10 s; 0.6 ms saved a step, 2 cores); --compile/--no-compile force"""
     num_seeds: int = 1
     """train this many seeds (--seed, --seed + 1, ...), each the single run of this command with its own --seed, in a
     process and a folder of its own, runs/<run-name>__<seed> (launcher.py)"""
@@ -285,13 +287,12 @@ class TorchActor:
 # ---------------------------------------------------------------------------------------------------------------------
 def step_envs(envs: list[gym.Env], actions: np.ndarray, out: tuple[np.ndarray, ...] | None = None):
     """Step every env; an env whose episode ended is reset in the same call. `out`: the (observations, rewards,
-    terminations, truncations) rows to fill, as the rollout passes its own arrays' rows, instead of new arrays.
+    terminations, truncations) rows to fill (the rollout's own arrays' rows) instead of new arrays.
 
-    This is gymnasium's SAME_STEP autoreset written out: the returned observation of a finished env is the first one
-    of its next episode, and `final_obs` maps its index to the last observation of the episode that ended, which the
-    truncation bootstrap needs. (gymnasium's vector envs default to NEXT_STEP, where the step after an episode end
-    is a fake transition that must not be trained on; stepping a list directly also skips the vector env's
-    bookkeeping.)"""
+    This is gymnasium's SAME_STEP autoreset written out: a finished env returns the first observation of its next
+    episode, and `final_obs` maps its index to the last one of the episode that ended, for the truncation bootstrap.
+    (gymnasium's vector envs default to NEXT_STEP, whose step after an episode end is a fake transition that must not
+    be trained on; a plain list also skips the vector env's bookkeeping.)"""
     n = len(envs)
     if out is None:
         out = (None, np.zeros(n), np.zeros(n, bool), np.zeros(n, bool))
@@ -332,6 +333,7 @@ class Sampler:
         self.agent: Agent | None = None  # the sampler's own copy, built when the first weights arrive
         self.policy: NumpyActor | TorchActor | None = None
         self.obs_mean = self.obs_std = None
+        self.rollout_timeout = run_management.rollout_timeout(args, num_envs)  # TrainingLoop.watch
 
     def check_spaces(self, env_id: str, env: gym.Env) -> tuple[int, int]:
         return run_management.box_spaces(env_id, env)
@@ -357,9 +359,8 @@ class Sampler:
         return self.rng.standard_normal((*shape, *self.action_space.shape))
 
     def set_policy(self, weights: dict[str, np.ndarray]) -> None:
-        """`weights`: policy_weights, the agent's numpy state dict and plain attributes, the learner's observation
-        statistics and whether its numpy fast path matched. The sampler keeps an Agent of its own to act with, or to
-        mirror."""
+        """`weights`: policy_weights (the agent's numpy state dict and plain attributes, the observation statistics,
+        whether numpy acting matched). The sampler keeps an Agent of its own to act with, or to mirror."""
         if self.agent is None:
             with torch.random.fork_rng(devices=[]):  # the learner's random stream must not depend on where this runs
                 self.agent = self.make_agent()
@@ -392,17 +393,15 @@ class Sampler:
     def rollout(self, num_steps: int) -> dict[str, np.ndarray]:
         """One rollout with the latest policy. A numpy actor is audited on the observations and noise it acted with
         (audit_acting): where it acted otherwise than TorchActor, the rollout is discarded (its steps and episodes
-        still count) and sampled again acting with torch, for PPO's ratio must be anchored to the policy that
-        acted."""
+        count) and sampled again acting with torch: PPO's ratio must be anchored to the policy that acted."""
         rollout = self.sample(num_steps)
         if rollout["acting_problem"]:
             rollout = sample_again(self, rollout, num_steps)
         return rollout
 
     def sample(self, num_steps: int) -> dict[str, np.ndarray]:
-        """One rollout, unaudited. The loop does only what the next env step needs; the rest is done on whole arrays
-        after it (finish_sample). (Work done right after an env's wait costs several times more CPU than the same
-        work in a tight loop: caches are cold.)"""
+        """One rollout, unaudited. The loop does only what the next env step needs, the rest is done on whole arrays
+        after it (finish_sample): work right after an env's step costs several times more CPU (cold caches)."""
         num_envs, obs_dim = self.raw_obs.shape
         obs = np.zeros((num_steps, num_envs, obs_dim), np.float32)
         raw_obs = np.zeros((num_steps + 1, num_envs, obs_dim))
@@ -426,9 +425,9 @@ class Sampler:
         return self.finish_sample(obs, raw_obs, actions, rewards, terminations, truncations, noise, finals)
 
     def finish_sample(self, obs, raw_obs, actions, rewards, terminations, truncations, noise, finals) -> dict:
-        """The rollout's arrays as the loop left them, and what follows from them on whole arrays: log-probabilities,
-        the acting audit, NaN rows for the guard, finished episodes, discounted returns, the observations' moments.
-        `finals`: (step, env, last observation) of each truncated episode."""
+        """The rollout's arrays as the loop left them (`finals`: each truncated episode's step, env and last
+        observation), and on whole arrays what follows: log-probabilities, the acting audit, NaN rows for the guard,
+        finished episodes, discounted returns, the observations' moments."""
         num_steps, obs_dim = len(obs), obs.shape[-1]
         logprobs = self.policy.log_prob(obs, actions, noise).astype(np.float32)
         audit, problem = np.nan, None
@@ -469,8 +468,10 @@ class Sampler:
 
     def scalars(self) -> dict[str, float]:
         """What TensorBoard records of the sampler with each update: nothing here (dppo_ray.py's actors record their
-        staleness, restarts and timings)."""
+        staleness, restarts and timings); and in summary.json, nothing either (`summary`)."""
         return {}
+
+    summary = scalars
 
     def close(self) -> None:
         for env in self.envs:
@@ -626,10 +627,9 @@ def clip_gradients(grads: list[torch.Tensor], max_norm: float) -> tuple[list[tor
 
 def clipped_gradient(agent: Agent, params: list[torch.Tensor], minibatch: dict, loss_kwargs: dict, max_grad_norm):
     """The one gradient function: autograd's gradient of the minibatch's loss with respect to `params` (the trained
-    tensors), clipped by its global norm. None for a tensor the loss does not reach (detached, under no_grad,
-    unused), as loss.backward() leaves its .grad, so that the optimizer leaves it alone. Run as it is (--no-compile)
-    or compiled by torch.compile (fast_paths.update_gradient picks); returns the gradients, the loss's statistics and
-    the norm before clipping."""
+    tensors), clipped by its global norm; None for a tensor the loss does not reach, as loss.backward() leaves its
+    .grad, so that the optimizer leaves it alone. Run eagerly or compiled (fast_paths.update_gradient picks); returns
+    the gradients, the loss's statistics and the norm before clipping."""
     stats = minibatch_loss(agent, minibatch, loss_kwargs)
     grads = torch.autograd.grad(stats.loss, params, allow_unused=True)
     clipped, norm = clip_gradients([g for g in grads if g is not None], max_grad_norm)
@@ -714,10 +714,11 @@ def start_run(args: Args, ckpt: dict | None, device: torch.device, sampler: Samp
     return Run(args, run_dir, sampler, learner, state, monitor)
 
 
-def warm_up(run: Run) -> None:
+def warm_up(run: Run, loop: TrainingLoop) -> None:
     """A new run's observation statistics: the moments of --obs-warmup-steps random-action steps per env."""
     if run.args.norm_obs and run.args.obs_warmup_steps:
-        run.learner.obs_rms.update_from_moments(*run.sampler.warm_up(run.args.obs_warmup_steps))
+        with loop.watch(run.sampler.rollout_timeout):
+            run.learner.obs_rms.update_from_moments(*run.sampler.warm_up(run.args.obs_warmup_steps))
 
 
 def save_checkpoint(run: Run) -> None:
@@ -726,11 +727,12 @@ def save_checkpoint(run: Run) -> None:
     save_atomic(checkpoint, os.path.join(run.run_dir, "checkpoint.pt"))
 
 
-def sample_rollout(sampler: Sampler, num_steps: int) -> dict:
-    """The sampler's rollout. An env (or edited rollout code) that raises ends the run between two updates, whose
-    state is whole: a checkpoint, and one line naming the exception and where it was raised (StopRun)."""
+def sample_rollout(sampler: Sampler, num_steps: int, loop: TrainingLoop) -> dict:
+    """The sampler's rollout, within --rollout-timeout (loop.watch). An env (or edited rollout code) that raises ends
+    the run between two updates: a checkpoint, and one line naming the exception and where it was raised (StopRun)."""
     try:
-        return sampler.rollout(num_steps)
+        with loop.watch(sampler.rollout_timeout):
+            return sampler.rollout(num_steps)
     except (UsageError, NotImplementedError, StopRun, Interrupted):  # said in words of their own (cli, TrainingLoop)
         raise
     except Exception as e:  # noqa: BLE001 (said in one line; the run stops)
@@ -773,7 +775,7 @@ def training_loop(run: Run, loop: TrainingLoop) -> None:
         iteration = run.state.iteration + 1
         ent_coef = anneal(run.learner.optimizer, args, iteration)
         run.sampler.set_policy(policy_weights(run.learner))
-        batch = rollout_batch(run, sample_rollout(run.sampler, args.num_steps))
+        batch = rollout_batch(run, sample_rollout(run.sampler, args.num_steps, loop))
         stats, problem = ppo_update(run.learner, batch, args, loss_settings(args, ent_coef), iteration)
         log_update(run, batch, stats, problem, ent_coef)
 
@@ -784,11 +786,11 @@ def train(args: Args) -> int:
     ckpt = resume_checkpoint(args)
     run = start_run(args, ckpt, run_management.seed_everything(args))
     run_management.say_rounded_timesteps(args)
-    with TrainingLoop(run.run_dir) as loop:
+    with TrainingLoop(run, save_checkpoint) as loop:
         if ckpt is None:
-            warm_up(run)
+            warm_up(run, loop)
         training_loop(run, loop)
-    eval_failed = finish_run(run, loop, save_checkpoint)
+    eval_failed = finish_run(loop)
     if loop.error:  # what stopped the run (StopRun), as its last line
         print(f"{PROG}: error: {loop.error}", file=sys.stderr)
     return loop.exit_status() or eval_failed

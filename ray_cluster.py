@@ -7,8 +7,10 @@ Each job is a training command and the run folder it writes. Its task trains it 
 (run_on_node: a run sent with a half-finished folder, or finding one in the shared --storage, resumes from its
 checkpoint) and returns the folder packed (pack_folder), which the head unpacks into its runs folder as each task ends
 (unpack_folder). With --storage, a folder every node sees, the runs write there instead, and a lease (Lease) gives a
-run folder one writer at a time. The first Ctrl-C or SIGTERM stops the runs in flight after their iteration, with a
-checkpoint, and brings them home; a second cancels them.
+run folder one writer at a time. Each run holds its CPUs until it ends (StopListener): a node never trains more runs
+at once than it has CPUs. The first Ctrl-C or SIGTERM stops the runs in flight after their iteration, with a
+checkpoint, and brings them home; a second cancels them. The Ray driver is a child process (drive), so that a cluster
+lost under it is one line here, the runs that ended kept.
 
 This module imports only the standard library at its top (ray and tqdm where they are used): the launcher imports it
 before torch, and the tasks carry its functions to the nodes by value.
@@ -22,6 +24,7 @@ import io
 import json
 import logging
 import os
+import pickle
 import shutil
 import signal
 import socket
@@ -29,6 +32,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import uuid
 import warnings
@@ -36,7 +40,7 @@ import warnings
 import run_record
 import stop_signals
 from run_record import final_return, first_line, last_line, run_summary
-from stop_signals import TwoStageStop, run_child_setup, signal_name, take_back_stop_signals
+from stop_signals import TwoStageStop, linux_prctl, run_child_setup, signal_name, take_back_stop_signals
 
 
 class ClusterError(Exception):
@@ -141,7 +145,6 @@ def run_on_node(job: dict) -> dict:
         "ip": ray.util.get_node_ip_address(),
         "host": socket.gethostname(),
     }
-    print(f"{job['label']} running on {node['host']} (node {node['node_id'][:8]})", flush=True)
     # A Ray started with SIGINT ignored (`ray start` from a background job or nohup) passes that on to its workers, and
     # ray.cancel's KeyboardInterrupt, which arrives as a SIGINT, would be dropped: the trainer would never hear of a
     # cancelled run. The task takes it back (tasks run in the worker's main thread); the worker's mask stays Ray's.
@@ -150,8 +153,11 @@ def run_on_node(job: dict) -> dict:
     if job["storage"] and not os.path.isdir(os.path.join(job["storage"], "runs")):
         message = f"--storage {job['storage']} is not there on {node['host']}: mount it on every node"
         return {**node, "returncode": 2, "stderr": message, "seconds": 0.0, "tar": None}
-    if job.get("stop") is not None and asked_to_stop(job["stop"]):
+    stop = StopListener(job["stop"]) if job.get("stop") is not None else None
+    if stop is not None and stop.first_answer():
+        stop.close()
         return {**node, "returncode": None, "stderr": "", "seconds": 0.0, "tar": None}  # stopped before it started
+    print(f"{job['label']} running on {node['host']} (node {node['node_id'][:8]})", flush=True)
     remove_orphaned_work_folders()
     work = job["storage"] or tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}_")
     folder = os.path.join(work, "runs", job["run_name"])
@@ -168,15 +174,18 @@ def run_on_node(job: dict) -> dict:
             argv = job["argv"]["new"]
         os.makedirs(os.path.join(work, "runs"), exist_ok=True)
         python = job["python"] or sys.executable
-        returncode, stderr, seconds = run_trainer(python, repo, argv, work, lease, job.get("stop"), folder)
-        if os.path.isdir(folder):  # where it ran, for the head and the tests
+        started = time.time()
+        returncode, stderr, seconds = run_trainer(python, repo, argv, work, lease, stop, folder)
+        if os.path.isdir(folder):  # where and when it ran, for the head and the tests (no two at once on a CPU)
             with open(os.path.join(folder, "node.json"), "w") as f:
-                json.dump({**node, "seconds": round(seconds, 1)}, f)
+                json.dump({**node, "started": started, "ended": time.time(), "seconds": round(seconds, 1)}, f)
         folder_tar = None if job["storage"] or not os.path.isdir(folder) else pack_folder(folder)
         return {**node, "returncode": returncode, "stderr": stderr[-2000:], "seconds": seconds, "tar": folder_tar}
     except LeaseHeld as e:
         return {**node, "returncode": 1, "stderr": str(e), "seconds": 0.0, "tar": None}
     finally:
+        if stop is not None:
+            stop.close()
         if lease is not None:
             lease.drop()
         if not job["storage"]:
@@ -288,10 +297,10 @@ def run_trainer(
     python: str, repo: str, argv: list[str], cwd: str, lease=None, stop=None, folder: str | None = None
 ) -> tuple[int, str, float]:
     """Run `python repo/argv[0] argv[1:]` in cwd; (exit status, its output, seconds). The trainer gets SIGINT once the
-    head sets `stop` (a StopFlag: it saves a checkpoint, and its folder still goes home) or cancels the task, and
-    SIGHUP when this worker dies (it saves a checkpoint and stops). With a `lease` (--storage), it is renewed while
-    the trainer runs; once another attempt has taken it, the trainer is killed at once, before it writes again. Its
-    output (stdout and stderr) is added to `folder`/output.log when it has made that folder."""
+    head sets its StopFlag (`stop`, a StopListener: it saves a checkpoint, and its folder still goes home) or cancels
+    the task, and SIGHUP when this worker dies (it saves a checkpoint and stops). With a `lease` (--storage), it is
+    renewed while the trainer runs; once another attempt has taken it, the trainer is killed at once, before it writes
+    again. Its output (stdout and stderr) is added to `folder`/output.log when it has made that folder."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [repo, os.environ.get("PYTHONPATH")] if p))
     env.setdefault("MPLBACKEND", "Agg")
     start = time.perf_counter()
@@ -313,7 +322,7 @@ def run_trainer(
                     proc.wait(timeout=1)
                     break
                 except subprocess.TimeoutExpired:
-                    if stop is not None and not stopping and asked_to_stop(stop):
+                    if stop is not None and not stopping and stop.is_set():
                         stopping = True
                         proc.send_signal(signal.SIGINT)  # it saves a checkpoint after its iteration
                     if lease is not None and not lease.keep():
@@ -347,15 +356,42 @@ class StopFlag:
         return self.stopped
 
 
-def asked_to_stop(stop) -> bool:
-    """Whether the head set its StopFlag. (An answer that does not come says no: the flag lives on the head's node,
-    and a head that is gone takes its job's tasks with it.)"""
-    import ray
+class StopListener:
+    """(In a Ray worker.) Whether the head set its StopFlag, asked once a second from a thread of the task's own. While
+    a task's main thread waits in ray.get or ray.wait (even with timeout=0, for an answer not there yet), Ray lends
+    its CPU to the next task queued on its node, which then starts: its node would train one run more than it has
+    CPUs. A wait in another thread keeps the CPU. (An answer that does not come says no: the flag lives on the head's
+    node, and a head that is gone takes its job's tasks with it.)"""
 
-    try:
-        return bool(ray.get(stop.is_set.remote(), timeout=30))
-    except ray.exceptions.RayError:
-        return False
+    def __init__(self, flag):
+        self.flag = flag
+        self.asked, self.answered, self.closed = threading.Event(), threading.Event(), threading.Event()
+        threading.Thread(target=self.listen, name="stop-listener", daemon=True).start()
+
+    def listen(self) -> None:
+        import ray
+
+        while not self.closed.is_set():
+            try:
+                if ray.get(self.flag.is_set.remote(), timeout=30):
+                    self.asked.set()
+            except (ray.exceptions.RayError, OSError):
+                pass
+            self.answered.set()
+            if self.asked.is_set():
+                return
+            self.closed.wait(1)
+
+    def first_answer(self) -> bool:
+        """Whether the head had set its flag when first asked (a run that would start after a stop never does)."""
+        self.answered.wait(35)
+        return self.asked.is_set()
+
+    def is_set(self) -> bool:
+        return self.asked.is_set()
+
+    def close(self) -> None:
+        self.closed.set()
 
 
 def pack_folder(folder: str) -> bytes:
@@ -388,17 +424,9 @@ def unpack_folder(data: bytes, folder: str) -> None:
 
 
 def extract_safely(tar: tarfile.TarFile, folder: str) -> None:
-    """Extract only plain files and folders inside `folder`: tarfile's "data" filter where this Python has it
-    (3.10.12, 3.11.4 and later), else the same check written out."""
-    if hasattr(tarfile, "data_filter"):
-        tar.extractall(folder, filter="data")
-        return
-    root = os.path.realpath(folder)
-    for member in tar.getmembers():
-        target = os.path.realpath(os.path.join(folder, member.name))
-        if not (member.isfile() or member.isdir()) or os.path.commonpath([root, target]) != root:
-            raise ValueError(f"refusing to unpack {member.name!r}: not a plain file or folder inside the run folder")
-    tar.extractall(folder)
+    """Extract only plain files and folders inside `folder` (tarfile's "data" filter, in every Python the repository
+    runs on: pyproject.toml's requires-python)."""
+    tar.extractall(folder, filter="data")
 
 
 def run_on_cluster(
@@ -407,14 +435,124 @@ def run_on_cluster(
     """Send every job to the cluster at `address` as a Ray task (run_on_node), with `working_dir` uploaded to every
     node, and unpack each finished run's folder into `runs_root`. A bar counts the runs; each finished one prints a
     line with the node it ran on and its final return. Returns each job's exit status by label (None for a task that
-    failed; the others still finish), and the signal that stopped them (None when none did). Ctrl-C or SIGTERM stops
-    every run in flight after its iteration, with a checkpoint, and brings its folder home as a finished one's; no new
-    run starts. A second signal cancels them (their checkpoints stay only in --storage)."""
+    failed, the others still finishing, or that was lost with the cluster), and the signal that stopped them (None
+    when none did). Each run holds its CPUs until it ends (StopListener). Ctrl-C or SIGTERM stops every run in flight
+    after its iteration, with a checkpoint, and brings its folder home as a finished one's; no new run starts. A
+    second signal cancels them (their checkpoints stay only in --storage), and raises KeyboardInterrupt here.
+
+    The Ray driver is a child process (drive), told each signal this process gets: Ray ends a driver whose node's
+    raylet or object store has gone (a cluster lost) at once, with no exception to catch, and this process stays to
+    say so in one line, the runs that ended known and their folders kept."""
     if not jobs:
         return {}, None
     prog = prog or os.path.basename(sys.argv[0])
-    excludes = list(UPLOAD_EXCLUDES)
     runs_root = os.path.abspath(runs_root)
+    statuses: dict[str, int | None] = {}
+    unstarted, ending, forwarded = set(), {}, []
+
+    def forward(signum: int, frame) -> None:
+        forwarded.append(signum)
+        driver.send_signal(signum)
+
+    with tempfile.TemporaryDirectory(prefix="ray_driver_") as folder:
+        orders = os.path.join(folder, "orders.pickle")
+        with open(orders, "wb") as f:
+            pickle.dump((jobs, address, runs_root, working_dir, max_retries, prog), f)
+        read, write = os.pipe()
+        here = os.path.dirname(os.path.abspath(__file__))  # an edited copy's own module
+        code = f"import sys; sys.path.insert(0, {here!r}); import ray_cluster; ray_cluster.drive({orders!r}, {write})"
+        try:
+            driver = subprocess.Popen(
+                [sys.executable, "-c", code], stdin=subprocess.DEVNULL, pass_fds=(write,), preexec_fn=driver_setup()
+            )
+        finally:
+            os.close(write)
+        replaced = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            with os.fdopen(read) as said:
+                for line in said:
+                    try:
+                        message = json.loads(line)
+                    except ValueError:
+                        continue  # cut off as the driver was ended: its end is said below
+                    if "unstarted" in message:
+                        unstarted.add(message["unstarted"])
+                    elif "label" in message:
+                        statuses[message["label"]] = message["status"]
+                    else:
+                        ending = message
+            driver.wait()
+        finally:
+            for signum, handler in replaced.items():
+                signal.signal(signum, handler)
+    if "error" in ending:
+        raise ClusterError(ending["error"])
+    if "cancelled" in ending or (not ending and driver.returncode < 0):  # a signal came before its handlers did
+        raise KeyboardInterrupt
+    if "signum" in ending:
+        return statuses, ending["signum"]
+    lost = [job["label"] for job in jobs if job["label"] not in statuses and job["label"] not in unstarted]
+    what = ending.get("lost") or f"Ray ended the driver process, exit status {driver.returncode}"
+    print(
+        f"{prog}: lost the cluster ({what}): {len(lost)} of {len(jobs)} runs lost with it; the {len(statuses)} that "
+        f"ended are kept in {os.path.relpath(runs_root)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return {**statuses, **dict.fromkeys(lost)}, forwarded[0] if forwarded else None
+
+
+def driver_setup():
+    """A subprocess.Popen preexec_fn for the Ray driver: a process group of its own, so that a terminal's Ctrl-C
+    reaches it once, through its parent; on Linux, SIGTERM when that parent dies (its runs stop with their
+    checkpoints, and their folders still come home)."""
+    prctl = linux_prctl()  # looked up here: after fork, the child only calls it
+
+    def setup() -> None:
+        os.setpgrp()
+        if prctl is not None:
+            prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+    return setup
+
+
+class ClusterLost(Exception):
+    """The cluster went away while the driver waited for its runs (its message names how)."""
+
+
+def drive(orders: str, fd: int) -> None:
+    """(The Ray driver, run_on_cluster's child process.) Run the jobs that `orders` holds, and tell the parent, one
+    JSON line each on `fd`, every run that ends (its label and exit status, None for a failed task; a run that never
+    started, said as such) and then how it all ended: the signal that stopped it, a ClusterError's line, the cluster
+    lost, or cancelled by a second signal."""
+    with open(orders, "rb") as f:
+        jobs, address, runs_root, working_dir, max_retries, prog = pickle.load(f)
+    channel = os.fdopen(fd, "w", buffering=1)
+
+    def tell(**message) -> None:
+        with contextlib.suppress(OSError):  # a parent gone (killed): its SIGTERM brings the runs home all the same
+            channel.write(json.dumps(message) + "\n")
+
+    try:
+        tell(signum=drive_runs(jobs, address, runs_root, working_dir, max_retries, prog, tell))
+    except ClusterError as e:
+        tell(error=str(e))
+    except ClusterLost as e:
+        tell(lost=str(e))
+    except KeyboardInterrupt:
+        tell(cancelled=True)
+    except Exception as e:  # noqa: BLE001 (the parent says it in one line: a failure of this code, not of a run)
+        tell(error=f"the Ray driver failed: {type(e).__name__}: {first_line(e)}")
+    with contextlib.suppress(OSError):
+        channel.close()
+
+
+def drive_runs(
+    jobs: list[dict], address: str, runs_root: str, working_dir: str, max_retries: int, prog: str, tell
+) -> int | None:
+    """(In the driver.) Connect, send every job as a task and collect them (collect_runs); the signal that stopped
+    them, None when none did."""
+    excludes = list(UPLOAD_EXCLUDES)
     if runs_root.startswith(working_dir + os.sep):
         excludes.append(os.path.relpath(runs_root, working_dir))
     connect(address, {"working_dir": working_dir, "excludes": excludes})
@@ -438,47 +576,57 @@ def run_on_cluster(
         for job in jobs:
             options = dict(num_cpus=job["cpus"], scheduling_strategy="SPREAD", max_retries=max_retries)
             pending[task.options(**options, name=job["label"]).remote({**job, "stop": stop})] = job
-        return collect_runs(pending, runs_root, prog, stop)
+        return collect_runs(pending, runs_root, prog, stop, tell)
     finally:
         ray.shutdown()
 
 
-def collect_runs(pending: dict, runs_root: str, prog: str, stop) -> tuple[dict[str, int | None], int | None]:
-    """Wait for the tasks in `pending` ({ObjectRef: job}) and unpack their run folders as they finish. The first Ctrl-C
-    or SIGTERM sets `stop`: the runs in flight stop with their checkpoints and come home, those not started never
-    run; a second one cancels them."""
+def collect_runs(pending: dict, runs_root: str, prog: str, stop, tell) -> int | None:
+    """Wait for the tasks in `pending` ({ObjectRef: job}), unpack their run folders as they finish and `tell` each
+    one's exit status. The first Ctrl-C or SIGTERM sets `stop`: the runs in flight stop with their checkpoints and
+    come home, those not started never run; a second one cancels them. A cluster that goes away (its head, or this
+    node's raylet) with an exception raises ClusterLost."""
     import ray
     from tqdm import tqdm
 
-    total, statuses = len(pending), {}
+    total = len(pending)
 
     def stop_runs(signum: int) -> None:
         name = signal_name(signum)
         bar.write(f"{prog}: {name}: the runs in flight stop with a checkpoint and come back (again: cancel them)")
-        stop.set.remote()  # the runs not started yet return at once, unstarted
+        with contextlib.suppress(Exception):  # a cluster already gone: the wait below says so
+            stop.set.remote()  # the runs not started yet return at once, unstarted
 
     bar = tqdm(total=total, unit="run", file=sys.stderr, dynamic_ncols=True)
     with TwoStageStop(stop_runs) as stopping:
         try:
             while pending:
-                (ref,), _ = ray.wait(list(pending), num_returns=1)
+                try:
+                    (ref,), _ = ray.wait(list(pending), num_returns=1)
+                except (ray.exceptions.RayError, OSError) as e:  # no task's error: the cluster's
+                    raise ClusterLost(f"{type(e).__name__}: {first_line(e)}") from None
                 job = pending[ref]  # popped once its folder is unpacked: a signal before that still keeps it
                 try:
                     result = ray.get(ref)
+                except (ray.exceptions.LocalRayletDiedError, OSError) as e:
+                    raise ClusterLost(f"{type(e).__name__}: {first_line(e)}") from None
                 except ray.exceptions.RayError as e:
                     pending.pop(ref)
-                    statuses[job["label"]] = None
+                    tell(label=job["label"], status=None)
                     bar.write(f"{prog}: failed {job['label']}: {last_line(e)}", file=sys.stderr)
                     bar.update()
                     continue
                 pending.pop(ref)
                 bar.update()
                 if result["returncode"] is None:  # it never started: the head had been stopped
+                    tell(unstarted=job["label"])
                     continue
                 bar.write(f"{prog}: {finished_line(job, result, runs_root)}", file=sys.stderr)
-                statuses[job["label"]] = result["returncode"]
-                if result["returncode"] != 0:
+                tell(label=job["label"], status=result["returncode"])
+                if result["returncode"] != 0 and not stopped_on_request(result):
                     bar.write(f"{prog}: {job['label']}: {last_line(result['stderr'])}", file=sys.stderr)
+                # Ray runs a task again to rebuild a result that is still referenced when its node is lost.
+                del ref, result
             if stopping.signum is not None:
                 bar.write(f"{prog}: stopped; every run in flight came back with its checkpoint", file=sys.stderr)
         except KeyboardInterrupt:
@@ -494,7 +642,7 @@ def collect_runs(pending: dict, runs_root: str, prog: str, stop) -> tuple[dict[s
             raise
         finally:
             bar.close()
-    return statuses, stopping.signum
+    return stopping.signum
 
 
 def keep_finished(ref, job: dict, runs_root: str, prog: str, bar) -> None:
@@ -514,7 +662,15 @@ def finished_line(job: dict, result: dict, runs_root: str) -> str:
     if result["tar"] is not None:
         unpack_folder(result["tar"], folder)
     where = f"on {result['host']} (node {result['node_id'][:8]}) in {result['seconds']:.0f} s"
+    summary = run_summary(folder)
+    if stopped_on_request(result):
+        return f"stopped {job['label']} {where}, at step {summary.get('env_steps', 0)}, with its checkpoint"
     if result["returncode"] != 0:
         return f"failed {job['label']} {where} (exit {result['returncode']})"
-    final = final_return(run_summary(folder))
+    final = final_return(summary)
     return f"done {job['label']} {where}: {'no episode finished' if final is None else f'return {final:.1f}'}"
+
+
+def stopped_on_request(result: dict) -> bool:
+    """Whether a run's trainer ended on a stop signal (the head's flag, or a cancel): checkpoint saved, 130 or 143."""
+    return result["returncode"] in (130, 143)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import faulthandler
 import functools
 import hashlib
 import importlib.util
@@ -21,6 +22,7 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 import traceback
 
@@ -46,7 +48,7 @@ from checkpoints import (
     save_atomic,
     unwrapped,
 )
-from command_line import command_flags
+from command_line import command_flags, optional_switches
 from run_record import PROGRESS_FD, file_sha256, first_line, package_version, run_environment, sturdy_console
 from stop_signals import STOP_SIGNALS, TwoStageStop, signal_name, take_back_stop_signals
 
@@ -248,6 +250,39 @@ def tensorboard_writer(args, run_dir: str, resumed_at: int | None):
     return writer
 
 
+def rollout_timeout(args, num_envs: int) -> float:
+    """--rollout-timeout, or by default 60 s plus 20 ms per env step of a rollout of `num_envs` envs (or of the
+    warm-up, if longer): a simulator as slow as 50 steps/s still makes it."""
+    return args.rollout_timeout or 60.0 + 0.02 * num_envs * max(args.num_steps, args.obs_warmup_steps)
+
+
+# How long after its timeout a process whose main thread holds Python's lock (C code stuck without releasing it, so
+# that the watchdog thread cannot run) is ended by faulthandler instead, its threads' stacks printed
+LAST_RESORT_SECONDS = 60.0
+
+
+def stuck_where(frame, env_id: str, first_step: int) -> tuple[str, str]:
+    """Which env the main thread waits for (`frame`, its innermost), as ppo_continuous.step_envs was stepping it, and
+    where: the step of the rollout (Sampler.sample) and the innermost line of Python."""
+    env = step = None
+    inner = frame
+    while frame is not None:
+        names = frame.f_locals
+        if frame.f_code.co_name == "step_envs" and "i" in names and "envs" in names:
+            env = (names["i"], len(names["envs"]))
+        elif frame.f_code.co_name == "sample" and "step" in names and "num_steps" in names:
+            step = (names["step"], names["num_steps"], names.get("num_envs", 1))
+        frame = frame.f_back
+    which = f"env {env[0] + 1} of {env[1]} ({env_id})" if env else f"the envs ({env_id})"
+    where = []
+    if step:
+        at = first_step + step[0] * step[2] + (env[0] + 1 if env else 0)
+        where.append(f"at step {step[0] + 1} of {step[1]} of the rollout (step {at:,} of the run)")
+    if inner is not None:
+        where.append(f"in {os.path.basename(inner.f_code.co_filename)}:{inner.f_lineno} ({inner.f_code.co_name})")
+    return which, ", ".join(where)
+
+
 class TrainingLoop(TwoStageStop):
     """The context the training loop runs in, and how it ended (`status`, `exit_status()`).
 
@@ -260,14 +295,21 @@ class TrainingLoop(TwoStageStop):
     mid-iteration, so the last checkpoint written at an iteration boundary is kept). The guard's BadBatchError ends
     the run with one line ("stopped_by_guard", exit status 1). A StopRun ends it as "failed" (exit status 1) with a
     checkpoint; its message is kept in `error` for the script to print last. Interrupted (a signal that came while the
-    run waited for its data) ends the iteration under way before its update, as "interrupted" with a checkpoint."""
+    run waited for its data) ends the iteration under way before its update, as "interrupted" with a checkpoint.
+    A rollout that runs past --rollout-timeout (`watch`) ends the run as "failed", exit status 124 (give_up).
+    `run` and the script's `save_checkpoint` are what finish_run ends the run with."""
 
-    def __init__(self, run_dir: str):
+    def __init__(self, run: Run, save_checkpoint):
         super().__init__(self.stop_after_iteration)  # a second SIGINT or SIGTERM raises KeyboardInterrupt
-        self.run_dir = run_dir
+        self.run, self.save_checkpoint = run, save_checkpoint
+        self.run_dir = run.run_dir
         self.status = "running"
         self.hard = False
         self.error: str | None = None
+        self.timed_out = False
+        self.watched = threading.Condition()  # guards `deadline` between the main thread and the watchdog
+        self.deadline: tuple[float, float, int] | None = None  # (when, its seconds, the run's step) while watched
+        self.watchdog: threading.Thread | None = None
 
     def __enter__(self):
         # nohup's SIGHUP stays ignored (take_back_stop_signals leaves it so)
@@ -313,9 +355,66 @@ class TrainingLoop(TwoStageStop):
         return self.status in ("completed", "interrupted", "failed") and not self.hard
 
     def exit_status(self) -> int:
+        if self.timed_out:
+            return 124  # as coreutils' timeout says a command ran out of time
         return {"completed": 0, "stopped_by_guard": 1, "failed": 1}.get(
             self.status, 128 + (self.signum or signal.SIGINT)
         )
+
+    @contextlib.contextmanager
+    def watch(self, seconds: float | None):
+        """--rollout-timeout around the envs' steps (`seconds`; None: not watched, as dppo_ray.py's actors on Ray,
+        whose pool times each one). A watchdog thread waits for the deadline; past it, the run ends from that thread
+        (give_up), whatever the main thread is stuck in: a Python call, or C code that no signal interrupts, which
+        releases Python's lock while it waits. The main thread is then inside the rollout, which leaves the learner
+        alone, so the state is the last update's. C code that holds that lock stops every thread of the process:
+        faulthandler then ends it LAST_RESORT_SECONDS later, printing where each thread is."""
+        if not seconds:
+            yield
+            return
+        with self.watched:
+            if self.watchdog is None:
+                self.watchdog = threading.Thread(target=self.watch_rollouts, name="rollout-watchdog", daemon=True)
+                self.watchdog.start()
+            self.deadline = (time.monotonic() + seconds, seconds, self.run.state.global_step)
+            self.watched.notify()
+        faulthandler.dump_traceback_later(seconds + LAST_RESORT_SECONDS, exit=True)
+        try:
+            yield
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+            with self.watched:
+                self.deadline = None
+                given_up = self.timed_out
+            while given_up:  # the watchdog is ending the run: this thread must not touch its state meanwhile
+                time.sleep(60)
+
+    def watch_rollouts(self) -> None:
+        """The watchdog thread: gives up the run (give_up) when a watched call runs past its deadline."""
+        with self.watched:
+            while True:
+                if self.deadline is None:
+                    self.watched.wait()
+                    continue
+                left = self.deadline[0] - time.monotonic()
+                if left <= 0:
+                    break
+                self.watched.wait(left)
+            self.timed_out = True
+            _, seconds, first_step = self.deadline
+        self.give_up(seconds, first_step)
+
+    def give_up(self, seconds: float, first_step: int) -> None:
+        """End the run from the watchdog thread: the checkpoint of the last update, summary.json, the closing line
+        and one line naming the env that did not answer; then the process exits with 124, its stuck thread with it."""
+        faulthandler.cancel_dump_traceback_later()
+        frame = sys._current_frames().get(threading.main_thread().ident)
+        which, where = stuck_where(frame, self.run.args.env_id, first_step)
+        self.status = "failed"
+        self.error = f"--rollout-timeout: {which} did not answer within {seconds:g} s" + (f", {where}" if where else "")
+        finish_run(self)
+        print(f"{PROG}: error: {self.error}", file=sys.stderr, flush=True)
+        os._exit(self.exit_status())
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -493,6 +592,10 @@ def check_run_flags(args) -> None:
         raise UsageError(f"--seed must be >= 0 (numpy's and gymnasium's seeds are), got {args.seed}")
     if args.obs_warmup_steps < 0:
         raise UsageError(f"--obs-warmup-steps must be >= 0, got {args.obs_warmup_steps}")
+    if not 0 <= args.rollout_timeout < float("inf"):
+        raise UsageError(
+            f"--rollout-timeout must be a number of seconds >= 0 (0: scaled to the rollout), got {args.rollout_timeout}"
+        )
     if args.upload_model:
         raise UsageError(
             "--upload-model (CleanRL's upload to the Hugging Face Hub) is not supported here: save the model with "
@@ -549,23 +652,27 @@ class Run:
     monitor: Monitor
 
 
-def finish_run(run: Run, loop: TrainingLoop, save_checkpoint, extra: dict | None = None) -> int:
+def finish_run(loop: TrainingLoop) -> int:
     """After training: the last checkpoint (the script's own `save_checkpoint`, when the loop left the state whole),
-    the final model and its evaluation (with --save-model, when the run completed), summary.json (with a script's
-    `extra` fields), the closing line, and the sampler closed. Returns 1 when the saved model could not be evaluated
-    (the files and the closing line are written all the same), else 0."""
+    the final model and its evaluation (with --save-model, when the run completed), summary.json (with the sampler's
+    fields and what stopped the run), the closing line, and the sampler closed (not after a rollout timeout: its env
+    does not answer). Returns 1 when the saved model could not be evaluated (the files and the closing line are
+    written all the same), else 0."""
+    run = loop.run
     if loop.keeps_state:
-        save_checkpoint(run)
+        loop.save_checkpoint(run)
     status, monitor, learner, state = loop.status, run.monitor, run.learner, run.state
     script = sys.modules[type(unwrapped(learner.agent)).__module__]  # the file whose Agent acts in evaluation
     evaluation = {}
     if status == "completed" and monitor.args.save_model:
         evaluation = save_final_model(monitor, learner, state, script)
     monitor.progress.close()
-    write_summary(monitor, status, learner, state, (extra or {}) | evaluation)
+    stopped_by = {"error": loop.error} if loop.error else {}
+    write_summary(monitor, status, learner, state, run.sampler.summary() | stopped_by | evaluation)
     monitor.writer.close()
     print(closing_line(monitor, status, state), flush=True)
-    run.sampler.close()
+    if not loop.timed_out:
+        run.sampler.close()
     return 1 if "eval_error" in evaluation else 0
 
 
@@ -631,8 +738,11 @@ def closing_line(monitor: Monitor, status: str, state: RunState) -> str:
     if state.recent_returns:
         line += f"; mean return of the last {len(state.recent_returns)} episodes {monitor.mean_return():.2f}"
     line += "; curves: tensorboard --logdir runs"
-    if status in ("interrupted", "failed"):
-        line += f"; continue with: python {PROG} --resume {os.path.join(run_dir, 'checkpoint.pt')}"
+    checkpoint = os.path.join(run_dir, "checkpoint.pt")
+    if status in ("interrupted", "failed") and os.path.isfile(checkpoint):
+        line += f"; continue with: python {PROG} --resume {checkpoint}"
+    elif status in ("interrupted", "failed"):  # a second signal before the first checkpoint: nothing to resume from
+        line += "; no checkpoint was saved: start it afresh with the same command and --overwrite"
     elif status == "completed" and monitor.args.save_model:
         line += f"; evaluate with: python {PROG} --eval-checkpoint {model_path(monitor.args, run_dir)}"
     return line
@@ -649,11 +759,12 @@ def cli(args_type: type, validate, train, script, machine_flags: set[str] = MACH
         if flag in (refused or {}):
             print(f"{PROG}: error: {flag} {refused[flag]}", file=sys.stderr)
             return 2
-    args = tyro.cli(args_type)
+    argv = optional_switches(sys.argv[1:], args_type)  # --compile, --no-compile; run.json records sys.argv as given
+    args = tyro.cli(args_type, args=argv)
     sys.path.insert(0, os.getcwd())  # `--env-id module:EnvId` finds the module in the working directory, as python -m
     try:
         if args.resume and not args.eval_checkpoint:  # both together are refused by validate()
-            args = resumed_args(args_type, args, machine_flags)
+            args = resumed_args(args_type, args, machine_flags, argv)
         validate(args)
         if args.eval_checkpoint:
             run_eval_checkpoint(args, script)

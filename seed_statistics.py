@@ -1,8 +1,9 @@
 """Statistics over a few seeds' final returns, in the standard library only: the --num-seeds launcher's closing table
 (mean, sample std and Student's t interval), which imports no numpy or scipy, and benchmarks/learning_report.py's
 comparisons (Welch's interval and an exact permutation test). With 2 to 10 seeds a normal interval or a bootstrap is
-too narrow; these are honest about so few. The curves' mean and band over seeds are drawn here too, for both (numpy
-only where one is drawn).
+too narrow; these are honest about so few. The launcher's closing lines in words (final_return_lines,
+comparison_lines), and the curves' mean and band over seeds, drawn for both (numpy and matplotlib only where one is
+drawn), are here too.
 """
 
 from __future__ import annotations
@@ -141,3 +142,65 @@ def plot_mean_and_std(ax, runs: list[tuple], column: int, label: str) -> None:
     std = ys.std(0, ddof=1) if len(ys) > 1 else np.zeros(len(grid))  # the sample std, as the tables' ±
     (line,) = ax.plot(grid, ys.mean(0), label=label)
     ax.fill_between(grid, ys.mean(0) - std, ys.mean(0) + std, alpha=0.2, color=line.get_color())
+
+
+def plot_curves(curves: dict[str, list[tuple]], path: str) -> str:
+    """Each configuration's curve (`curves`: its seeds' run_record.read_curve), the mean return of the last 100
+    episodes against env steps, mean and sample std over the seeds, drawn into `path` where matplotlib is installed;
+    the line that says where, or why not."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # into a file: no display may be there
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no plot of the curves: matplotlib is not installed (pip install matplotlib)"
+    figure, ax = plt.subplots(figsize=(8, 5))
+    for config, runs in curves.items():
+        if runs:
+            plot_mean_and_std(ax, runs, 0, f"{config} ({len(runs)} seeds)")
+    if not ax.lines:
+        plt.close(figure)
+        return "no plot of the curves: no configuration has a completed seed with episodes"
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("mean return of the last 100 episodes")
+    ax.legend(fontsize="small")
+    figure.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(figure)
+    return f"curves of the configurations (mean and std over seeds): {path}"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The closing lines of a launch: each configuration's final returns, and each against the first
+# ---------------------------------------------------------------------------------------------------------------------
+def final_return_lines(config: str, finals: list[float], count: int) -> list[str]:
+    """The mean, std and 95% t-interval of one configuration's completed seeds' final returns."""
+    if not finals:
+        return []
+    mean, std, interval = mean_std_interval(finals)
+    line = f"{config}: " if config else ""
+    line += f"final return (each seed's mean over its last episodes): mean {mean:.2f} over {len(finals)} "
+    line += "completed seeds" if len(finals) < count else "seeds"
+    if std is not None:
+        line += f", std {std:.2f}, 95% t-interval [{interval[0]:.2f}, {interval[1]:.2f}]"
+    return [line]
+
+
+def comparison_lines(baseline: str, base: list[float], config: str, finals: list[float]) -> list[str]:
+    """A configuration against the first: the difference of the mean final returns, Welch's 95% interval and the exact
+    permutation test's p, beside the least p that these seed counts allow (a difference no test of so few seeds can
+    show is said as such); past EXACT_SPLITS, a p from random splits, said as such."""
+    if len(base) < 2 or len(finals) < 2:
+        return [f"{config} vs {baseline}: too few completed seeds to compare (2 of each at least)"]
+    low, high = welch_interval(finals, base)
+    difference = sum(finals) / len(finals) - sum(base) / len(base)
+    p, floor = permutation_pvalue(finals, base), permutation_floor(len(finals), len(base))
+    exact = permutation_is_exact(len(finals), len(base))
+    line = f"{config} vs {baseline}: difference {difference:+.2f}, Welch 95% interval [{low:.2f}, {high:.2f}], "
+    if exact:
+        line += f"permutation p = {p:.3f} (the least p {len(finals)} + {len(base)} seeds allow: {floor:.3f})"
+    else:
+        line += f"permutation p = {p:.4f} (from {RANDOM_SPLITS:,} random splits of the seeds)"
+    if floor > 0.05:
+        line += "; too few seeds for p < 0.05"
+    return [line]

@@ -100,7 +100,7 @@ def resolve_out_dir(args: argparse.Namespace, now: dt.datetime | None = None) ->
         return RESULTS_DIR
     if args.out_dir:
         return os.path.abspath(args.out_dir)
-    stamp = (now or dt.datetime.now(dt.timezone.utc)).strftime("%Y-%m-%dT%H%M%SZ")
+    stamp = (now or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%dT%H%M%SZ")
     return os.path.join(LOCAL_RESULTS_DIR, stamp)
 
 

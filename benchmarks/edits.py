@@ -505,10 +505,10 @@ LOOP_EDITS = {
         ),
         (
             "ppo_continuous.py",
-            "        return sampler.rollout(num_steps)\n",
-            "        rollout = sampler.rollout(num_steps)\n"
-            "        print(f\"edited rollout wrapper: {rollout['env_steps']} steps\", file=sys.stderr, flush=True)\n"
-            "        return rollout\n",
+            "            return sampler.rollout(num_steps)\n",
+            "            rollout = sampler.rollout(num_steps)\n"
+            "            print(f\"edited rollout wrapper: {rollout['env_steps']} steps\", file=sys.stderr)\n"
+            "            return rollout\n",
         ),
         (
             "ppo_continuous.py",

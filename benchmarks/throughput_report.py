@@ -73,7 +73,7 @@ def machine_header(argv: list[str]) -> tuple[list[str], str]:
         "# Throughput: env steps/s",
         "",
         f"- Command: `{display_command(argv)}`",
-        f"- Date: {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')}",
+        f"- Date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M:%S UTC')}",
         f"- Machine: {cores} cores (nproc), {cpu}, {gpu}; load average at start {load} (1/5/15 min)",
         f"- Versions: Python {platform.python_version()}, torch {torch.__version__}, "
         f"gymnasium {gymnasium.__version__}, "

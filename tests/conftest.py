@@ -214,13 +214,12 @@ def perturbed_agent(obs_dim: int = 5, act_dim: int = 2, discrete: bool = False, 
 
 
 # ppo_continuous.py's flags for short runs. SMALL: small, fast settings (2 iterations of 4 envs x 64 steps per 512
-# steps). VALUE_FIT: a critic fitted on the deterministic test envs (tests/envs.py), without normalization.
-# --no-compile: the same gradient function run eagerly, without torch.compile's seconds of start-up (test_edits.py and
-# the compiled-gradient tests in test_fast_paths.py run the compiled path)
+# steps). VALUE_FIT: a critic fitted on the deterministic test envs (tests/envs.py), without normalization. Runs this
+# short train with the eager gradient by the compile rule (fast_paths.compile_pays); a test of the compiled path gives
+# --compile.
 SMALL = ["--num-envs", "4", "--num-steps", "64", "--num-minibatches", "4", "--update-epochs", "2", "--quiet"]
-SMALL += ["--no-compile"]
 VALUE_FIT = ["--no-norm-obs", "--no-norm-reward", "--no-clip-vloss", "--gamma", "0.5", "--learning-rate", "3e-3"]
-VALUE_FIT += ["--num-envs", "2", "--num-steps", "128", "--num-minibatches", "4", "--quiet", "--no-compile"]
+VALUE_FIT += ["--num-envs", "2", "--num-steps", "128", "--num-minibatches", "4", "--quiet"]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import gymnasium as gym
@@ -72,16 +73,21 @@ register(id="CrashOnce-v0", entry_point=CrashOnceEnv, max_episode_steps=5, kwarg
 
 class HangOnceEnv(CountingEnv):
     """A simulator that deadlocks once: on its `hang_at`-th step, if the file named by $DPPO_HANG_MARKER does not
-    exist yet, it creates the file and never returns from step (it sleeps until its process is killed). Every other
-    step takes `step_seconds`."""
+    exist yet, it creates the file and never returns from step, until its process is killed: it sleeps in Python, or
+    with `in_c`, waits in C code that no signal interrupts (it blocks them all in its thread and reads a pipe that
+    nobody writes). Every other step takes `step_seconds`."""
 
-    def __init__(self, hang_at: int = 300, step_seconds: float = 0.002, **kwargs):
+    def __init__(self, hang_at: int = 300, step_seconds: float = 0.002, in_c: bool = False, **kwargs):
         super().__init__(**kwargs)
-        self.hang_at, self.step_seconds = hang_at, step_seconds
+        self.hang_at, self.step_seconds, self.in_c = hang_at, step_seconds, in_c
 
     def step(self, action):
         marker = os.environ.get("DPPO_HANG_MARKER")
         if marker and self.total_steps + 1 == self.hang_at and claim(marker):
+            if self.in_c:
+                signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+                read_end, _ = os.pipe()  # the write end stays open, unwritten: the read never returns
+                os.read(read_end, 1)
             while True:
                 time.sleep(60)
         time.sleep(self.step_seconds)  # a simulator's cost: the other actors keep sampling for a while meanwhile
@@ -89,6 +95,7 @@ class HangOnceEnv(CountingEnv):
 
 
 register(id="HangOnce-v0", entry_point=HangOnceEnv, max_episode_steps=5, kwargs={"length": 1000})
+register(id="HangOnceInC-v0", entry_point=HangOnceEnv, max_episode_steps=5, kwargs={"length": 1000, "in_c": True})
 
 
 class PauseOnceEnv(CountingEnv):

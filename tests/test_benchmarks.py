@@ -133,8 +133,8 @@ def test_default_out_dir_names_sort_by_time():
     import common
 
     args = argparse.Namespace(out_dir=None, update_committed=False)
-    early = common.resolve_out_dir(args, now=dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc))
-    late = common.resolve_out_dir(args, now=dt.datetime(2026, 11, 2, 3, 4, 5, tzinfo=dt.timezone.utc))
+    early = common.resolve_out_dir(args, now=dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC))
+    late = common.resolve_out_dir(args, now=dt.datetime(2026, 11, 2, 3, 4, 5, tzinfo=dt.UTC))
     assert os.path.basename(early) == "2026-01-02T030405Z" and early < late
 
 

@@ -49,8 +49,9 @@ FLAGS = {
 
 
 def run_both(folder: Path, script: str, args: list[str]) -> list[subprocess.CompletedProcess]:
-    """The script with the fast paths allowed (run "fast") and with --no-fast-path (run "plain"), side by side."""
-    commands = [[*args, "--run-name", "fast"], [*args, "--run-name", "plain", "--no-fast-path"]]
+    """The script with the fast paths (run "fast", --compile: a run this short would train eagerly by the compile
+    rule) and with --no-fast-path (run "plain"), side by side."""
+    commands = [[*args, "--run-name", "fast", "--compile"], [*args, "--run-name", "plain", "--no-fast-path"]]
     processes = [start_python(script, command, folder, repo_on_path=False) for command in commands]
     results = []
     for process, command in zip(processes, commands):

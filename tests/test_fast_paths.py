@@ -722,3 +722,64 @@ def test_a_tensor_the_optimizer_holds_outside_the_agents_parameters_trains_on_bo
 class ScaledCriticAgent(ppo_continuous.Agent):
     def get_value(self, x):
         return super().get_value(x) * self.value_scale
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The compile rule: the flags decide, never the cache
+# ---------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("flags", "compiles"),
+    [
+        ({"total_timesteps": 10**6}, True),  # CleanRL's HalfCheetah command: 488 iterations x 10 x 32
+        ({"total_timesteps": 2048 * 2}, False),  # a quick try: 2 iterations
+        ({"num_steps": 8, "update_epochs": 1, "num_minibatches": 1, "at_the_rule": 0}, True),
+        ({"num_steps": 8, "update_epochs": 1, "num_minibatches": 1, "at_the_rule": -1}, False),
+    ],
+)
+def test_the_compile_rule_counts_gradient_steps_from_the_flags_alone(flags, compiles):
+    """A run compiles by default when iterations x epochs x minibatches reach COMPILE_PAYS_AFTER_STEPS, and says why
+    not otherwise; --compile and --no-compile (parsed as the command line gives them) force either way."""
+    from command_line import optional_switches
+
+    flags = dict(flags)
+    if "at_the_rule" in flags:  # one iteration of one gradient step more or less than the rule's count
+        flags["total_timesteps"] = 8 * (fast_paths.COMPILE_PAYS_AFTER_STEPS + flags.pop("at_the_rule"))
+    args = ppo_continuous.Args(env_id="Pendulum-v1", **flags)
+    ppo_continuous.validate_args(args)
+    steps = args.num_iterations * args.update_epochs * args.num_minibatches
+    assert (steps >= fast_paths.COMPILE_PAYS_AFTER_STEPS) == compiles
+    reason = fast_paths.compile_pays(args)
+    assert (reason is None) == compiles
+    if reason:
+        assert reason.startswith(f"{steps:,} gradient steps, under the ") and "--compile forces it" in reason
+    argv = ["--compile", "--env-id", "Pendulum-v1", "--no-compile", "--compile", "True", "--quiet", "--compile"]
+    written = ["--compile", "True", "--env-id", "Pendulum-v1", "--compile", "False", "--compile", "True", "--quiet"]
+    assert optional_switches(argv, ppo_continuous.Args) == [*written, "--compile", "True"]
+    assert optional_switches(["--no-fast-path", "--no-norm-obs"], ppo_continuous.Args) == [
+        "--no-fast-path",
+        "--no-norm-obs",
+    ]
+
+
+@pytest.mark.slow
+def test_the_same_command_trains_the_same_run_with_an_empty_or_a_warm_compile_cache(tmp_path):
+    """One command, run first with an empty TORCHINDUCTOR_CACHE_DIR and then with the cache it left, trains the same
+    run, every TensorBoard scalar equal (charts/SPS aside): with the rule (this short run trains eagerly both times)
+    and with --compile (the graph built, then loaded)."""
+    from tests.conftest import SMALL, run_ppo, tensorboard_events
+
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor_cache")}
+    runs = {}
+    for flags in ([], ["--compile"]):
+        for cache in ("cold", "warm"):
+            name = f"{'compiled' if flags else 'rule'}_{cache}"
+            args = ["--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "1024", *flags, "--run-name", name]
+            result = run_ppo(args, tmp_path, env=env)
+            assert result.returncode == 0, result.stderr[-2000:]
+            events = tensorboard_events(tmp_path / "runs" / name)
+            tags = [tag for tag in events.Tags()["scalars"] if tag != "charts/SPS"]
+            runs[name] = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in tags}
+            summary = (tmp_path / "runs" / name / "summary.json").read_text()
+            assert ('"gradient": "torch.compile' in summary) == bool(flags), summary
+    assert runs["rule_cold"] == runs["rule_warm"]
+    assert runs["compiled_cold"] == runs["compiled_warm"]

@@ -12,10 +12,12 @@ import glob
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -252,6 +254,8 @@ def test_a_seed_whose_env_fails_stops_alone_with_its_checkpoint(tmp_path):
         if line.split()[:1] in (["1"], ["2"], ["3"])
     }
     assert rows == {"1": "completed", "2": "failed", "3": "completed"}, result.stdout
+    (row,) = [line for line in result.stdout.splitlines() if line.split()[:2] == ["2", "failed"]]
+    assert row.split()[2] == "256" and row.split(None, 4)[4].startswith("the rollout failed: RuntimeError: simulator")
     resume = "python ppo_continuous.py --resume runs/f__1/checkpoint.pt --seed 1 --num-seeds 3"
     assert f"not completed: seed 2; continue every seed with: {resume}" in result.stdout
 
@@ -284,7 +288,7 @@ def test_sigterm_checkpoints_every_running_seed_starts_no_new_one_and_resume_con
     assert "runs/c__1/checkpoint.pt --seed 1 --num-seeds 3" in stdout
     total = max(steps) + 128
     resume = ["--resume", "runs/c__1/checkpoint.pt", "--num-seeds", "3", "--total-timesteps", str(total)]
-    resumed = run_ppo([*resume, "--no-compile"], tmp_path)  # a machine flag: the checkpoints do not carry it
+    resumed = run_ppo(resume, tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert "seed 3 starts: it had not started" in resumed.stderr
     for seed in (1, 2, 3):
@@ -293,7 +297,15 @@ def test_sigterm_checkpoints_every_running_seed_starts_no_new_one_and_resume_con
         assert json.loads((folder / "summary.json").read_text())["status"] == "completed"
     resumes = json.loads((tmp_path / "runs" / "c__1" / "run.json").read_text())["resumes"]
     assert len(resumes) == 1 and resumes[0]["at_step"] == steps[0]
+
+    def eager(command: list[str]) -> bool:  # --no-compile, as the run records it
+        return "--no-compile" in command
+
+    for seed in (1, 2):  # the launch's flags, those the checkpoints do not carry (--no-compile) included
+        (again,) = json.loads((tmp_path / "runs" / f"c__{seed}" / "run.json").read_text())["resumes"]
+        assert eager(again["command"]) and "--overwrite" not in again["command"], again["command"]
     seed3 = recorded_command(tmp_path / "runs" / "c__3")  # the launch's flags, with its own seed and folder
+    assert eager(seed3)
     assert [launcher.flag_value(seed3, flag) for flag in ("--seed", "--run-name", "--total-timesteps")] == [
         "3",
         "c__3",
@@ -305,11 +317,12 @@ def test_sigterm_checkpoints_every_running_seed_starts_no_new_one_and_resume_con
 def test_a_killed_launcher_or_a_signal_at_start_up_leaves_every_started_seed_its_checkpoint(tmp_path):
     """SIGINT as the seeds start (before their training loops) reaches each at its first update: no traceback, each a
     checkpoint. Then SIGKILL to a launcher mid-run: its seeds, whose console was a pipe to it, get SIGHUP
-    (PR_SET_PDEATHSIG; Linux may send it more than once), save their checkpoints and stop, and none is left running."""
+    (PR_SET_PDEATHSIG; Linux may send it more than once), save their checkpoints and stop, and none is left running;
+    each seed's output.log holds the line it printed at its start (the launcher writes each line as it comes)."""
     from tests.conftest import OwnProcesses
 
     args = ["--env-id", "Pendulum-v1", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2"]
-    args += ["--total-timesteps", "1000000", "--checkpoint-every", "0", "--no-compile", "--num-seeds", "2"]
+    args += ["--total-timesteps", "1000001", "--checkpoint-every", "0", "--no-compile", "--num-seeds", "2"]
     own = OwnProcesses()
     proc = own.start(PPO_SCRIPT, [*args, "--run-name", "i"], tmp_path)
     while proc.poll() is None and not (tmp_path / "runs" / "i__1").is_dir():  # seed 1 is starting
@@ -325,19 +338,34 @@ def test_a_killed_launcher_or_a_signal_at_start_up_leaves_every_started_seed_its
     proc = own.start(PPO_SCRIPT, [*args, "--run-name", "k", "--quiet"], tmp_path)
     for seed in (1, 2):
         assert wait_until_trained(tmp_path / "runs" / f"k__{seed}", proc), "the run ended before its first update"
+    rounded = "ppo_continuous.py: --total-timesteps 1000001 is rounded down to whole batches of 64 steps"
+    logs = [tmp_path / "runs" / f"k__{seed}" / "output.log" for seed in (1, 2)]
+    deadline = time.monotonic() + 120  # a safety net: the launcher writes the line once the seed reports its update
+    while time.monotonic() < deadline and not all(log.is_file() and rounded in log.read_text() for log in logs):
+        time.sleep(0.1)
     proc.kill()
     proc.communicate(timeout=SAFETY_NET)
     assert not own.left_behind(), "a seed kept training after its launcher was killed"
-    for seed in (1, 2):
+    for seed, log in zip((1, 2), logs):
         folder = tmp_path / "runs" / f"k__{seed}"
         assert json.loads((folder / "summary.json").read_text())["status"] == "interrupted"
         assert torch.load(folder / "checkpoint.pt", weights_only=True)["global_step"] > 0
+        assert log.read_text().startswith(rounded), "the seed's line should be in its output.log, not in a buffer"
 
 
 @pytest.mark.slow
-def test_resuming_one_seed_alone_leaves_the_others(tmp_path):
+def test_resuming_one_seed_alone_leaves_the_others_and_a_refused_resume_of_all_is_one_line(tmp_path):
+    """A flag that --resume refuses, given to --resume ... --num-seeds 2: every seed's refusal said once, in one line,
+    exit status 2, no table, and nothing of the seeds' folders touched (output.log included)."""
     args = [*RUN, "--num-seeds", "2", "--run-name", "r", "--no-compile"]
     assert run_ppo(args, tmp_path).returncode == 0
+    logs = [(tmp_path / "runs" / f"r__{seed}" / "output.log").read_text() for seed in (1, 2)]
+    resume_all = ["--resume", "runs/r__1/checkpoint.pt", "--num-seeds", "2", "--gamma", "0.5", "--quiet"]
+    refused = run_ppo(resume_all, tmp_path)
+    assert refused.returncode == 2 and refused.stdout == "", refused.stdout
+    (line,) = refused.stderr.splitlines()
+    assert line.startswith("ppo_continuous.py: error: --gamma 0.5 contradicts --resume runs/r__"), line
+    assert [(tmp_path / "runs" / f"r__{seed}" / "output.log").read_text() for seed in (1, 2)] == logs
     before = (tmp_path / "runs" / "r__1" / "checkpoint.pt").read_bytes()
     ckpt = str(Path("runs") / "r__2" / "checkpoint.pt")
     resumed = run_ppo(["--resume", ckpt, "--total-timesteps", "1024", "--no-compile"], tmp_path)
@@ -389,67 +417,137 @@ def test_flags_that_do_not_fit_are_one_line_said_once_and_the_launcher_imports_n
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["x__2"]
 
 
-@pytest.mark.slow
-def test_seeds_on_a_ray_cluster_of_two_nodes_stop_with_checkpoints_come_home_and_resume(tmp_path, monkeypatch):
-    """3 seeds on a 2-node ray.cluster_utils.Cluster: SIGTERM to the launcher stops each seed on its node with a
-    checkpoint, and every folder comes home; --resume continues all three on the cluster, and they come home done.
-    Then --num-seeds 2 --grid learning-rate=1e-4,1e-3 on the same cluster brings its 4 folders home."""
-    import tempfile
-
+def work_folders(run_name: str, since: float) -> list[Path]:
+    """A cluster seed's folders on its nodes, in progress, written since `since` (time.time()): each node's temporary
+    folder is this machine's here, where a killed worker's may be left over."""
     from ray_cluster import WORK_PREFIX
+
+    folders = glob.glob(os.path.join(tempfile.gettempdir(), f"{WORK_PREFIX}*", "runs", run_name))
+    return [Path(folder) for folder in folders if os.path.getmtime(folder) >= since]
+
+
+def training_on_a_node(run_name: str, since: float) -> bool:
+    return any(trained_once(folder) for folder in work_folders(run_name, since))
+
+
+def wait_for(proc: subprocess.Popen, ready) -> None:
+    """Wait until `ready()` holds, or fail with the launcher's output if it ends first."""
+    while proc.poll() is None and not ready():
+        time.sleep(0.5)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+
+
+def table_statuses(stdout: str) -> dict[int, str]:
+    """Each seed's status in the closing table of a launch without --grid."""
+    rows = [line.split("  ") for line in stdout.splitlines() if line[:6].strip().isdigit()]
+    return {int(row[0]): row[1].strip() for row in (list(filter(None, row)) for row in rows)}
+
+
+def assert_one_run_at_a_time_per_node(folders: list[Path]) -> set[str]:
+    """No node trained two runs at once (each run's span on its node, from its node.json); returns the nodes."""
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for folder in folders:
+        node = json.loads((folder / "node.json").read_text())
+        spans.setdefault(node["node_id"], []).append((node["started"], node["ended"]))
+    for node_id, node_spans in spans.items():
+        node_spans.sort()
+        for (_, ended), (started, _) in zip(node_spans, node_spans[1:]):
+            assert started >= ended, f"node {node_id[:8]} trained two runs at once: {node_spans}"
+    return set(spans)
+
+
+@pytest.mark.slow
+def test_seeds_on_a_ray_cluster_of_two_1_cpu_nodes_one_a_node_stop_come_home_resume_and_survive_its_loss(
+    tmp_path, monkeypatch
+):
+    """3 seeds on a ray.cluster_utils.Cluster of two 1-CPU nodes: two train, one a node, the third waits; SIGTERM to the
+    launcher stops both with a checkpoint, said as stopped, their folders come home and the third never starts. The
+    continue line resumes the two and starts the third, and all come home done, spread over both nodes. A grid of
+    4 runs (--num-seeds 2 --grid learning-rate=1e-4,1e-3) brings its folders home; no node ever trains two runs at once
+    (their spans in node.json). Last, the cluster shut down under a launch: one line, exit 1 within a minute, the table,
+    and the folders that had come home kept."""
     from tests.test_sweeps import tagged_cluster
 
-    cluster = tagged_cluster(monkeypatch, 2)
+    cluster = tagged_cluster(monkeypatch, 1)
     try:
-        worker = cluster.add_node(num_cpus=2)
+        worker = cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
         address = ["--ray-address", cluster.address]
         args = ["--env-id", "Pendulum-v1", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2"]
-        args += ["--total-timesteps", "300000", "--checkpoint-every", "0", "--quiet", "--no-compile"]
-        proc = cluster.own.start(PPO_SCRIPT, [*args, "--num-seeds", "3", "--run-name", "k", *address], tmp_path)
-        for seed in (1, 2, 3):  # each seed's folder on its node (this machine's temporary folder) has trained once
-            pattern = os.path.join(tempfile.gettempdir(), f"{WORK_PREFIX}*", "runs", f"k__{seed}")
-            while proc.poll() is None and not any(trained_once(Path(p)) for p in glob.glob(pattern)):
-                time.sleep(0.5)
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        args += ["--checkpoint-every", "0", "--quiet", "--no-compile"]
+        launch = [*args, "--total-timesteps", "300000", "--num-seeds", "3", "--run-name", "k", *address]
+        launched = time.time()
+        proc = cluster.own.start(PPO_SCRIPT, launch, tmp_path)
+        wait_for(proc, lambda: sum(training_on_a_node(f"k__{seed}", launched) for seed in (1, 2, 3)) >= 2)
+        started = [seed for seed in (1, 2, 3) if work_folders(f"k__{seed}", launched)]
+        assert len(started) == 2, f"seeds {started} started on a cluster of 2 CPUs"
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=SAFETY_NET)
         assert proc.returncode == 143, stderr[-3000:]
-        assert "Traceback" not in stderr, stderr[-3000:]
+        assert "Traceback" not in stderr and "failed" not in stderr, stderr[-3000:]
+        came_home = [seed for seed in (1, 2, 3) if (tmp_path / "runs" / f"k__{seed}").is_dir()]
+        assert came_home == started, stderr[-3000:]  # the third waited for a CPU, and never started
         steps = []
-        for seed in (1, 2, 3):
+        for seed in came_home:
             folder = tmp_path / "runs" / f"k__{seed}"
             assert json.loads((folder / "summary.json").read_text())["status"] == "interrupted", stderr[-3000:]
             steps.append(torch.load(folder / "checkpoint.pt", weights_only=True)["global_step"])
             assert "interrupted at step" in (folder / "output.log").read_text()
+            assert f"stopped seed {seed} on " in stderr and ", with its checkpoint" in stderr
+        expected = {seed: "interrupted" if seed in came_home else "not started" for seed in (1, 2, 3)}
+        assert table_statuses(stdout) == expected, stdout
+        continuing = next(line for line in stdout.splitlines() if line.startswith("not completed: seed 1, 2, 3;"))
+        command = shlex.split(continuing.split(" with: ", 1)[1])
+        assert command[:2] == ["python", "ppo_continuous.py"] and command[-2:] == address, continuing
         total = max(steps) + 128
-        resume = ["--resume", "runs/k__1/checkpoint.pt", "--num-seeds", "3", "--total-timesteps", str(total)]
-        resumed = cluster.own.run(PPO_SCRIPT, [*resume, "--no-compile", *address], tmp_path)
+        resumed = cluster.own.run(PPO_SCRIPT, [*command[2:], "--total-timesteps", str(total)], tmp_path)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
-        nodes = set()
         for seed in (1, 2, 3):
             folder = tmp_path / "runs" / f"k__{seed}"
             summary = json.loads((folder / "summary.json").read_text())
             assert summary["status"] == "completed" and summary["env_steps"] == total
             assert launcher.flag_value(recorded_command(folder), "--seed") == str(seed)
-            nodes.add(json.loads((folder / "node.json").read_text())["node_id"])
             assert f"done seed {seed} on " in resumed.stderr
+        nodes = assert_one_run_at_a_time_per_node([tmp_path / "runs" / f"k__{seed}" for seed in (1, 2, 3)])
         assert nodes == {cluster.head_node.node_id, worker.node_id}, "the seeds should be spread over both nodes"
         assert "tensorboard --logdir_spec seed1:runs/k__1,seed2:runs/k__2,seed3:runs/k__3" in resumed.stdout
         # a grid on the same cluster: every configuration's seeds are Ray tasks, and every folder comes home
-        grid = [*args[:8], "--total-timesteps", "256", "--quiet", "--no-compile", "--num-seeds", "2", "--run-name", "g"]
-        grid += address
+        grid = [*args, "--total-timesteps", "256", "--num-seeds", "2", "--run-name", "g", *address]
         grid += ["--grid", "learning-rate=1e-4,1e-3"]
         gridded = cluster.own.run(PPO_SCRIPT, grid, tmp_path)
         assert gridded.returncode == 0, gridded.stderr[-3000:]
-        for config in ("learning-rate=0.0001", "learning-rate=0.001"):
+        configs = ("learning-rate=0.0001", "learning-rate=0.001")
+        folders = [tmp_path / "runs" / f"g__{config}__{seed}" for config in configs for seed in (1, 2)]
+        for folder in folders:
+            summary = json.loads((folder / "summary.json").read_text())
+            assert summary["status"] == "completed" and summary["env_steps"] == 256
+            assert list(folder.glob("events.*"))
+        for config in configs:
             for seed in (1, 2):
-                folder = tmp_path / "runs" / f"g__{config}__{seed}"
-                summary = json.loads((folder / "summary.json").read_text())
-                assert summary["status"] == "completed" and summary["env_steps"] == 256
-                assert (folder / "node.json").is_file() and list(folder.glob("events.*"))
                 assert f"done {config} seed {seed} on " in gridded.stderr
+        assert_one_run_at_a_time_per_node(folders)
         assert "learning-rate=0.001 vs learning-rate=0.0001: difference " in gridded.stdout
+        # the cluster goes away under a launch: two seeds have come home, the third is training
+        launch = [*args, "--total-timesteps", "20000", "--num-seeds", "3", "--run-name", "x", *address]
+        launched = time.time()
+        proc = cluster.own.start(PPO_SCRIPT, launch, tmp_path)
+
+        def home() -> list[int]:
+            return [seed for seed in (1, 2, 3) if (tmp_path / "runs" / f"x__{seed}" / "node.json").is_file()]
+
+        wait_for(proc, lambda: len(home()) == 2)
+        (lost,) = {1, 2, 3} - set(home())
+        wait_for(proc, lambda: training_on_a_node(f"x__{lost}", launched))
+        cluster.shutdown()
+        shut_down = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=SAFETY_NET)
+        assert time.monotonic() - shut_down < 60, stderr[-3000:]
+        assert proc.returncode == 1 and "Traceback" not in stderr, stderr[-3000:]
+        said = [line for line in stderr.splitlines() if "lost the cluster" in line]
+        assert len(said) == 1 and "1 of 3 runs lost with it; the 2 that ended are kept in runs" in said[0], stderr
+        for seed in home():
+            assert json.loads((tmp_path / "runs" / f"x__{seed}" / "summary.json").read_text())["status"] == "completed"
+        assert table_statuses(stdout) == {seed: "lost" if seed == lost else "completed" for seed in (1, 2, 3)}, stdout
     finally:
         cluster.shutdown()
 
@@ -595,28 +693,142 @@ def test_a_seed_is_judged_by_the_summary_its_run_wrote(tmp_path):
     written = os.path.getmtime(folder / "summary.json")
     assert launcher.seed_status(launcher.Ended(seed, -2, started=written - 5)) == "completed"
     assert launcher.seed_status(launcher.Ended(seed, 1, started=written + 5)) == "exit 1"
-    assert launcher.seed_status(launcher.Ended(seed, -15, started=written + 5)) == "stopped by a signal"
+    assert launcher.seed_status(launcher.Ended(seed, -15, started=written + 5)) == "killed by SIGTERM"
+    assert launcher.seed_status(launcher.Ended(seed, 143, started=written + 5)) == "stopped by SIGTERM"
+    assert launcher.seed_status(launcher.Ended(seed, 124, started=written - 5)) == "timed out"
     assert launcher.seed_status(launcher.Ended(seed, 0, started=written + 5)) == "completed"  # nothing left to do
 
 
+# A seed for the launcher's own tests, without torch: it makes its folder, prints a line, reports its progress through
+# the launcher's pipe as a run does, then behaves as its role says; the file `go` ends the healthy and the silent one
+# (or, as a safety net for a launcher that never names the silent one, two minutes)
+FAKE_SEED = """
+import os, signal, sys, time
+role, folder, go = sys.argv[1:]
+deadline = time.monotonic() + 120
+os.makedirs(folder)
+progress = os.fdopen(int(os.environ["PPO_PROGRESS_FD"]), "w", buffering=1)
+print(role + " starts", flush=True)
+if role == "healthy":
+    step = 0
+    while not os.path.exists(go) and time.monotonic() < deadline:
+        step = min(step + 10, 990)
+        progress.write(f"{step} 1000 -5.0\\n")
+        time.sleep(0.05)
+    progress.write("1000 1000 -5.0\\n")
+elif role == "silent":
+    progress.write("100 1000 nan\\n")
+    progress.write("200 1000 nan\\n")
+    while not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print("fake.py: error: --rollout-timeout: env 1 of 1 did not answer within 1 s", file=sys.stderr, flush=True)
+    sys.exit(124)
+elif role == "killed":
+    progress.write("300 1000 nan\\n")
+    os.kill(os.getpid(), signal.SIGKILL)
+else:
+    progress.write("200 1000 nan\\n")
+    print("Traceback (most recent call last):\\nRuntimeError: boom", file=sys.stderr, flush=True)
+    sys.exit(1)
+"""
+
+
+def test_the_launcher_names_a_silent_seed_and_says_why_each_seed_ended(tmp_path, monkeypatch):
+    """A seed without a progress report for longer than the launcher's rule allows is named on the progress line; it
+    then stops on its rollout timeout (exit status 124, its error last on stderr): "timed out", with that line as its
+    cause, while the healthy seed goes on and completes. A seed killed mid-run is "killed by SIGKILL" and one that
+    crashed "exit 1" with its last line; each row has the steps its progress last reported, and each output.log the
+    line its seed printed."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fake.py").write_text(FAKE_SEED)
+    go = tmp_path / "go"
+    roles = ["healthy", "silent", "killed", "crashes"]
+    folders = [os.path.join("runs", f"f__{k}") for k in range(1, len(roles) + 1)]
+    commands = [[sys.executable, "fake.py", role, folder, str(go)] for role, folder in zip(roles, folders)]
+    seeds = [launcher.Seed(k, command[3], [], command=command) for k, command in enumerate(commands, start=1)]
+    launch = launcher.Launch("fake.py", seeds, len(seeds), quiet=False)
+    launch.stall_floor = 2.0  # the floor (60 s) lowered; the silent seed's reports came at once, the healthy's 20 a s
+    shown = []
+    progress_line = launch.progress_line
+
+    def seen() -> str:
+        line = progress_line()
+        shown.append(line)
+        if "seed 2: no progress for " in line:
+            go.touch()
+        return line
+
+    launch.progress_line = seen
+    ended = launch.run()
+    assert any(" runs done; returns 1:-5 2:n/a" in line for line in shown), shown
+    named = [line for line in shown if "seed 2: no progress for " in line]
+    assert named and not any("seed 1: no progress" in line for line in shown), named
+    lines = launcher.report("fake.py", ended, [], 1)
+    assert lines[1].split() == ["seed", "status", "steps", "final", "return", "cause"], lines
+    assert lines[2].split() == ["1", "completed", "1000", "n/a"], lines
+    assert lines[3].split()[:5] == ["2", "timed", "out", "200", "n/a"], lines
+    assert lines[3].endswith("n/a           --rollout-timeout: env 1 of 1 did not answer within 1 s"), lines
+    assert lines[4].split() == ["3", "killed", "by", "SIGKILL", "300", "n/a"], lines
+    assert lines[5].split() == ["4", "exit", "1", "200", "n/a", "RuntimeError:", "boom"], lines
+    assert launcher.exit_status(ended, [], None) == 1
+    for k, role in enumerate(roles, start=1):  # stdout's and stderr's lines, each read by a thread, may interleave
+        assert f"{role} starts" in (tmp_path / "runs" / f"f__{k}" / "output.log").read_text().splitlines()
+
+
+def test_no_closing_line_offers_a_checkpoint_that_was_not_saved(tmp_path, monkeypatch):
+    """A second signal before any checkpoint: the run's closing line says none was saved, and the launcher's line
+    starts the seeds afresh; once one seed has a checkpoint, both offer --resume of it."""
+    from types import SimpleNamespace
+
+    import run_management
+
+    monkeypatch.chdir(tmp_path)
+    folders = [tmp_path / "runs" / f"c__{seed}" for seed in (1, 2)]
+    for folder in folders:
+        folder.mkdir(parents=True)
+        (folder / "run.json").write_text("{}")
+        (folder / "summary.json").write_text('{"status": "interrupted", "env_steps": 512}')
+    run_dir = os.path.join("runs", "c__2")
+    monitor = SimpleNamespace(run_dir=run_dir, mean_return=lambda: 5.0, args=SimpleNamespace(save_model=False))
+    state = SimpleNamespace(global_step=512, recent_returns=[5.0])
+    flags = ["--env-id", "Pendulum-v1", "--no-compile"]
+    seeds = [launcher.Seed(k, os.path.join("runs", f"c__{k}"), [*flags, f"--seed={k}", f"--run-name=c__{k}"])
+             for k in (1, 2)]  # fmt: skip
+    ended = [launcher.Ended(seed, 130) for seed in seeds]
+    closing = run_management.closing_line(monitor, "interrupted", state)
+    assert closing.endswith("; no checkpoint was saved: start it afresh with the same command and --overwrite")
+    assert "--resume" not in closing
+    lines = launcher.report("ppo_continuous.py", ended, [], 1)
+    again = "python ppo_continuous.py --env-id Pendulum-v1 --no-compile --overwrite --seed 1 --num-seeds 2 --run-name c"
+    assert lines[-1] == f"not completed: seed 1, 2; none saved a checkpoint: start them afresh with: {again}", lines
+    (folders[1] / "checkpoint.pt").write_bytes(b"")
+    closing = run_management.closing_line(monitor, "interrupted", state)
+    assert closing.endswith(f"; continue with: python {run_management.PROG} --resume {run_dir}/checkpoint.pt")
+    resume = f"python ppo_continuous.py --resume {run_dir}/checkpoint.pt --seed 1 --num-seeds 2"
+    lines = launcher.report("ppo_continuous.py", ended, [], 1)
+    assert lines[-1] == f"not completed: seed 1, 2; continue every seed with: {resume}", lines
+
+
 def test_resume_finds_the_sibling_seeds_of_a_run_name_with_folders_in_it(tmp_path, monkeypatch):
+    """Every seed of a resumed launch runs with the launch's flags, as its run.json records them (each resume's after
+    its command's, so the latest value wins; --overwrite left out), those a checkpoint does not carry (--no-compile)
+    included, then the flags given beside --resume."""
     monkeypatch.chdir(tmp_path)
     first = tmp_path / "runs" / "exp" / "a__1"
     first.mkdir(parents=True)
     (first / "checkpoint.pt").write_bytes(b"")
     command = ["ppo_continuous.py", "--env-id", "Pendulum-v1", "--seed=1", "--run-name=exp/a__1", "--no-compile"]
-    record = {"command": command, "hyperparameters": {"seed": 1, "run_name": "exp/a__1"}}
+    command += ["--overwrite", "--total-timesteps", "1024"]
+    resumes = [{"command": ["ppo_continuous.py", "--resume=runs/exp/a__1/checkpoint.pt", "--total-timesteps", "2048"]}]
+    record = {"command": command, "hyperparameters": {"seed": 1, "run_name": "exp/a__1"}, "resumes": resumes}
     (first / "run.json").write_text(json.dumps(record))
-    argv = ["--resume", "runs/exp/a__1/checkpoint.pt", "--num-seeds", "2", "--total-timesteps", "4096"]
+    argv = ["--resume", "runs/exp/a__1/checkpoint.pt", "--num-seeds", "2", "--quiet"]
     one, two = launcher.resumed_seeds(argv)
-    assert one.flags == [
-        f"--resume={os.path.join('runs', 'exp', 'a__1', 'checkpoint.pt')}",
-        "--total-timesteps",
-        "4096",
-    ]
+    launch_flags = ["--env-id", "Pendulum-v1", "--no-compile", "--total-timesteps", "1024", "--total-timesteps", "2048"]
+    assert one.flags == [f"--resume={os.path.join('runs', 'exp', 'a__1', 'checkpoint.pt')}", *launch_flags, "--quiet"]
+    assert launcher.flag_value(one.flags, "--total-timesteps") == "2048"
     assert two.run_dir == os.path.join("runs", "exp", "a__2") and not two.fresh
-    assert two.flags == [*command[1:2], "Pendulum-v1", "--no-compile", "--total-timesteps", "4096", "--seed=2",
-                         "--run-name=exp/a__2"]  # fmt: skip
+    assert two.flags == [*launch_flags, "--quiet", "--seed=2", "--run-name=exp/a__2"]
     zero = launcher.resumed_seeds([*argv, "--seed", "0"])  # --seed names the first seed of the launch
     assert [s.seed for s in zero] == [0, 1] and zero[1].flags[0].startswith("--resume=")
 

@@ -101,6 +101,64 @@ def test_always_nan_env_stops_with_one_line(tmp_path):
 
 
 @pytest.mark.slow
+def test_an_env_that_never_returns_stops_the_run_at_its_rollout_timeout_with_a_checkpoint_and_one_line(tmp_path):
+    """--rollout-timeout: an env stuck in Python (a sleep), in C code that no signal interrupts (os.read on a pipe
+    nobody writes, every signal blocked in its thread), and one of dppo_ray.py's in-process actors: each run stops
+    on its own within the timeout plus a margin, exit status 124, with the checkpoint of its last update (it
+    resumes) and a last line naming the env and the step; summary.json says why. Under --num-seeds 2, the seed whose
+    env hangs (the first to reach its 300th step) stops so while the other trains every step, and the closing table
+    says which timed out, and why."""
+    timeout = 3
+    shape = ["--num-steps", "64", "--num-minibatches", "4", "--update-epochs", "2", "--obs-warmup-steps", "100"]
+    common = [*shape, "--quiet", "--no-compile", "--rollout-timeout", str(timeout), "--total-timesteps", "4096"]
+    runs = {  # every env hangs on its 300th step (the warm-up's count): the 4th rollout, after three updates
+        "python": (PPO_SCRIPT, ["--env-id", "tests.envs:HangOnce-v0", "--num-envs", "4"]),
+        "in_c": (PPO_SCRIPT, ["--env-id", "tests.envs:HangOnceInC-v0", "--num-envs", "4"]),
+        "dppo": (REPO / "dppo_ray.py", ["--env-id", "tests.envs:HangOnce-v0", "--no-ray", "--num-actors", "2"]),
+    }
+    seeds = start_python(
+        PPO_SCRIPT,
+        [*runs["python"][1], *common, "--run-name", "seeds", "--num-seeds", "2"],
+        tmp_path,
+        {"DPPO_HANG_MARKER": str(tmp_path / "seeds.hung")},
+    )
+    processes = {}
+    for name, (script, args) in runs.items():
+        marker = tmp_path / f"{name}.hung"
+        env = {"DPPO_HANG_MARKER": str(marker)}
+        processes[name] = (marker, start_python(script, [*args, *common, "--run-name", name], tmp_path, env))
+    for name, (marker, process) in processes.items():
+        _, stderr = process.communicate(timeout=SAFETY_NET)
+        waited = time.time() - marker.stat().st_mtime  # from the moment the env hung to the run's end
+        waits = 2 * timeout if name == "dppo" else timeout  # --no-ray: the actors' rollouts together
+        assert process.returncode == 124, (name, stderr[-2000:])
+        assert waited < waits + 60, (name, waited)
+        lines = stderr.strip().splitlines()
+        assert "Traceback" not in stderr, (name, stderr[-2000:])
+        env_id = runs[name][1][1]
+        assert lines[-1].startswith(f"{runs[name][0].name}: error: --rollout-timeout: env "), (name, lines[-1])
+        assert f"({env_id}) did not answer within {waits} s, at step " in lines[-1], (name, lines[-1])
+        assert "envs.py" in lines[-1] and "(step)" in lines[-1], (name, lines[-1])
+        summary = json.loads((tmp_path / "runs" / name / "summary.json").read_text())
+        assert summary["status"] == "failed" and summary["error"] in lines[-1], (name, summary)
+        ckpt = torch.load(tmp_path / "runs" / name / "checkpoint.pt", weights_only=False)
+        assert ckpt["iteration"] == 3, (name, ckpt["iteration"])
+    table, stderr = seeds.communicate(timeout=SAFETY_NET)
+    assert seeds.returncode == 1, stderr[-2000:]
+    rows = {int(line.split()[0]): line for line in table.splitlines() if line.split()[:1] in (["1"], ["2"])}
+    assert sorted(rows) == [1, 2], table
+    stuck = [seed for seed, row in rows.items() if "timed out" in row]
+    assert len(stuck) == 1 and "--rollout-timeout: env " in rows[stuck[0]], table
+    healthy = 3 - stuck[0]
+    assert "completed" in rows[healthy] and "4096" in rows[healthy], table
+    healthy_summary = json.loads((tmp_path / "runs" / f"seeds__{healthy}" / "summary.json").read_text())
+    assert healthy_summary["status"] == "completed" and healthy_summary["env_steps"] == 4096
+    resumed = run_ppo(["--resume", "runs/in_c/checkpoint.pt", "--quiet"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert json.loads((tmp_path / "runs" / "in_c" / "summary.json").read_text())["env_steps"] == 4096
+
+
+@pytest.mark.slow
 def test_health_warning_is_printed_and_logged(tmp_path):
     result = run_ppo(
         [
@@ -273,7 +331,17 @@ def test_total_timesteps_rounded_down_is_said_and_summary_records_the_evaluation
 def test_a_machine_without_a_cpp_compiler_trains_with_the_eager_gradient_after_one_line(tmp_path):
     """torch.compile's CPU kernels need a C++ compiler: without one (and with nothing in the compile cache) the run
     says so in one line and trains with the eager gradient, never a traceback."""
-    args = ["--env-id", "Pendulum-v1", "--total-timesteps", "512", "--num-steps", "256", "--num-minibatches", "4"]
+    args = [
+        "--env-id",
+        "Pendulum-v1",
+        "--total-timesteps",
+        "512",
+        "--num-steps",
+        "256",
+        "--num-minibatches",
+        "4",
+        "--compile",
+    ]
     env = dict(os.environ, PYTHONPATH=str(REPO), CXX=str(tmp_path / "no-such-compiler"))
     env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "cache")
     out = subprocess.run(
@@ -290,6 +358,18 @@ def test_a_machine_without_a_cpp_compiler_trains_with_the_eager_gradient_after_o
     assert "C++ compiler" in lines[0] and lines[0].endswith("; eager from now on")
     summary = json.loads((tmp_path / "runs" / "d" / "summary.json").read_text())
     assert summary["fast_paths"]["gradient"].startswith("eager from iteration 1: torch.compile failed")
+
+
+def test_the_python_floor_is_pyprojects_and_this_python_meets_it():
+    """pyproject.toml's requires-python is the floor launcher.py refuses below (in one line, before either script
+    imports anything else), and the Python the tests run on (CI's) meets it."""
+    import tomllib
+
+    import launcher
+
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert requires == ">=" + ".".join(map(str, launcher.PYTHON_FLOOR))
+    assert sys.version_info >= launcher.PYTHON_FLOOR
 
 
 def test_code_version_hashes_the_modules_a_run_imported_and_not_a_scratch_file_beside_them(tmp_path, monkeypatch):

@@ -1,0 +1,102 @@
+"""The figures behind the compile rule (fast_paths.COMPILE_PAYS_AFTER_STEPS): what a cold build of the compiled gradient
+costs, and what each compiled gradient step saves, whole process, on each env given.
+
+    python benchmarks/compile_rule.py --envs HalfCheetah-v5 Pendulum-v1 --out benchmarks/results/compile_rule.md
+
+Each round runs, per env and in a fresh working folder, ppo_continuous.py with CleanRL's shape (1 env x 2048 steps, 10
+epochs x 32 minibatches): 2 iterations eager (--no-compile), 2 compiled with an empty TORCHINDUCTOR_CACHE_DIR (cold),
+the same again with that cache (warm); then --long-iterations eager and compiled (warm). From their wall times:
+- the build's cost: cold minus eager, 2 iterations each (what a run after an edit of the gradient pays);
+- the saving per iteration: the long runs' difference less the short runs', over the iterations between them;
+- the gradient steps that repay a cold build: the build's cost over the saving per gradient step.
+Run it with the machine to itself: the figures are seconds of wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHAPE = ["--num-envs", "1", "--num-steps", "2048", "--update-epochs", "10", "--num-minibatches", "32"]
+STEPS_PER_ITERATION = 10 * 32  # gradient steps: --update-epochs x --num-minibatches
+
+
+def timed_run(env_id: str, iterations: int, compiled: bool, cache: str, folder: str) -> float:
+    """Wall seconds of one whole ppo_continuous.py process."""
+    flags = ["--env-id", env_id, *SHAPE, "--total-timesteps", str(2048 * iterations), "--quiet"]
+    flags += ["--checkpoint-every", "0", "--run-name", f"{env_id}_{iterations}_{compiled}_{time.time_ns()}"]
+    flags.append("--compile" if compiled else "--no-compile")
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "PYTHONPATH": REPO}
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, os.path.join(REPO, "ppo_continuous.py"), *flags],
+        cwd=folder,
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return time.perf_counter() - start
+
+
+def one_round(env_id: str, long_iterations: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as folder:
+        cache = os.path.join(folder, "inductor_cache")
+        t = {
+            "eager_2": timed_run(env_id, 2, False, cache, folder),
+            "cold_2": timed_run(env_id, 2, True, cache, folder),
+            "warm_2": timed_run(env_id, 2, True, cache, folder),
+            "eager_long": timed_run(env_id, long_iterations, False, cache, folder),
+            "warm_long": timed_run(env_id, long_iterations, True, cache, folder),
+        }
+    t["build"] = t["cold_2"] - t["eager_2"]
+    t["warm_load"] = t["warm_2"] - t["eager_2"]
+    saved = (t["eager_long"] - t["eager_2"]) - (t["warm_long"] - t["warm_2"])
+    t["saving_per_iteration"] = saved / (long_iterations - 2)
+    per_step = t["saving_per_iteration"] / STEPS_PER_ITERATION
+    t["saving_per_step_ms"] = 1000 * per_step
+    t["steps_to_repay"] = t["build"] / per_step if per_step > 0 else float("inf")
+    return t
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--envs", nargs="+", default=["HalfCheetah-v5", "Pendulum-v1"])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--long-iterations", type=int, default=12)
+    parser.add_argument("--out", default=None, help="a Markdown file for the table (default: print only)")
+    args = parser.parse_args()
+    rows = {env_id: [] for env_id in args.envs}
+    for round_index in range(args.rounds):
+        for env_id in args.envs if round_index % 2 == 0 else reversed(args.envs):
+            rows[env_id].append(one_round(env_id, args.long_iterations))
+            print(env_id, {k: round(v, 3) for k, v in rows[env_id][-1].items()}, flush=True)
+    keys = ["eager_2", "cold_2", "warm_2", "eager_long", "warm_long", "build", "warm_load", "saving_per_iteration"]
+    keys += ["saving_per_step_ms", "steps_to_repay"]
+    lines = [
+        f"`python benchmarks/compile_rule.py --envs {' '.join(args.envs)} --rounds {args.rounds} "
+        f"--long-iterations {args.long_iterations}`",
+        "",
+        "| env | figure (s unless named) | per round | median |",
+        "|---|---|---|---|",
+    ]
+    for env_id, results in rows.items():
+        for key in keys:
+            values = [r[key] for r in results]
+            lines.append(
+                f"| {env_id} | {key} | {', '.join(f'{v:.3g}' for v in values)} | {statistics.median(values):.3g} |"
+            )
+    print("\n".join(lines))
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
