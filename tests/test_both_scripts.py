@@ -27,7 +27,7 @@ from tests.envs import cycle_values  # noqa: E402
 
 # The same rollout shape for both: ppo's 2 envs x 128 steps, DPPO's 2 actors x 1 env x 128 steps (in-process).
 SHAPE = {"ppo_continuous.py": ["--num-envs", "2"], "dppo_ray.py": ["--num-actors", "2", "--no-ray"]}
-COMMON = ["--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "4", "--quiet", "--no-compile"]
+COMMON = ["--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "4", "--quiet"]
 
 
 def run(script: str, args: list[str], cwd: Path, timeout: float = SAFETY_NET) -> subprocess.CompletedProcess:
@@ -187,7 +187,7 @@ def test_resume_takes_the_runs_flags_from_the_checkpoint(tmp_path, script):
     assert file_states(tmp_path / "runs" / "r") == before
     # Only --resume and a larger --total-timesteps, and the machine flags the first run had (COMMON's and DPPO's
     # --no-ray), which a checkpoint does not carry: the batch shape and the rest come from the checkpoint.
-    machine = ["--quiet", "--no-compile", *(["--no-ray"] if script == "dppo_ray.py" else [])]
+    machine = ["--quiet", *(["--no-ray"] if script == "dppo_ray.py" else [])]
     more = run(script, ["--resume", ckpt, "--total-timesteps", "1024", *machine], tmp_path)
     assert more.returncode == 0, more.stderr
     summary = json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())
@@ -237,7 +237,7 @@ def test_custom_env_module_in_the_working_directory(tmp_path, script, extra):
     (tmp_path / "myenv.py").write_text(MYENV)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     args = ["--env-id", "myenv:MyPendulum-v0", "--total-timesteps", "512", "--num-steps", "256", "--quiet"]
-    args += ["--num-minibatches", "4", "--update-epochs", "1", "--run-name", "m", "--no-compile", *extra]
+    args += ["--num-minibatches", "4", "--update-epochs", "1", "--run-name", "m", *extra]
     result = subprocess.run(
         [sys.executable, str(REPO / script), *args],
         cwd=tmp_path,

@@ -22,7 +22,7 @@ SCRIPT = REPO / "dppo_ray.py"
 
 CARTPOLE = ["--env-id", "CartPole-v1", "--num-actors", "2", "--num-envs-per-actor", "2", "--num-steps", "128"]
 CARTPOLE += ["--num-minibatches", "4", "--update-epochs", "4", "--learning-rate", "2.5e-4", "--ent-coef", "0.01"]
-CARTPOLE += ["--quiet", "--no-compile"]
+CARTPOLE += ["--quiet"]
 
 
 def run(
@@ -120,7 +120,7 @@ def test_async_bounds_policy_lag_and_counts_drops(tmp_path):
     dropped; only fresh rollouts are trained on. The module:id env form must resolve inside the actors."""
     args = ["--env-id", "tests.envs:Truncating-v0", "--mode", "async", "--max-policy-lag", "0", "--num-steps", "64"]
     args += ["--num-minibatches", "2", "--update-epochs", "2", "--total-timesteps", "2560", "--run-name", "a"]
-    result = run([*args, "--quiet", "--no-compile"], tmp_path)
+    result = run([*args, "--quiet"], tmp_path)
     assert result.returncode == 0, result.stderr
     s = summary(tmp_path, "a")
     assert s["dropped_rollouts"] > 0 and s["learner_updates"] == 20
@@ -155,7 +155,7 @@ def test_async_never_stalls_in_process(tmp_path, sync_every, max_policy_lag):
     rollout in flight (with --sync-every 4 and the default lag of 2 the run used to stop after 3 updates)."""
     args = ["--env-id", "tests.envs:Truncating-v0", "--mode", "async", "--no-ray", "--num-steps", "32"]
     args += ["--sync-every", str(sync_every), "--max-policy-lag", str(max_policy_lag), "--num-minibatches", "2"]
-    args += ["--update-epochs", "1", "--total-timesteps", "1280", "--run-name", "g", "--quiet", "--no-compile"]
+    args += ["--update-epochs", "1", "--total-timesteps", "1280", "--run-name", "g", "--quiet"]
     result = run(args, tmp_path, timeout=SAFETY_NET)
     assert result.returncode == 0, result.stderr
     s = summary(tmp_path, "g")
@@ -168,7 +168,7 @@ def test_async_never_stalls_in_process(tmp_path, sync_every, max_policy_lag):
 def test_async_never_stalls_on_ray(tmp_path, sync_every, max_policy_lag):
     args = ["--env-id", "tests.envs:Truncating-v0", "--mode", "async", "--num-steps", "64", "--num-minibatches", "2"]
     args += ["--sync-every", str(sync_every), "--max-policy-lag", str(max_policy_lag), "--update-epochs", "2"]
-    args += ["--total-timesteps", "3840", "--run-name", "r", "--quiet", "--no-compile"]
+    args += ["--total-timesteps", "3840", "--run-name", "r", "--quiet"]
     result = run(args, tmp_path, timeout=SAFETY_NET)
     assert result.returncode == 0, result.stderr
     s = summary(tmp_path, "r")
@@ -183,7 +183,7 @@ def test_nan_observations_are_dropped_not_merged(tmp_path):
     learner's, wherever the actors run."""
     args = ["--env-id", "tests.envs:NanObsSometimes-v0", "--num-steps", "128", "--num-minibatches", "2"]
     args += ["--update-epochs", "2", "--total-timesteps", "5120", "--run-name", "n", "--quiet", "--mode", "async"]
-    args += ["--no-compile", "--no-ray"]
+    args += ["--no-ray"]
     result = run(args, tmp_path)
     assert result.returncode == 0, result.stderr
     s = summary(tmp_path, "n")
@@ -196,7 +196,7 @@ def test_nan_observations_are_dropped_not_merged(tmp_path):
 
 @pytest.mark.slow
 def test_always_nan_env_stops_with_one_line_and_no_ray_left(tmp_path, own):
-    args = ["--env-id", "tests.envs:AlwaysNan-v0", "--num-steps", "64", "--num-minibatches", "2", "--no-compile"]
+    args = ["--env-id", "tests.envs:AlwaysNan-v0", "--num-steps", "64", "--num-minibatches", "2"]
     result = run([*args, "--total-timesteps", "2560", "--run-name", "x", "--quiet"], tmp_path, own=own)
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
@@ -209,7 +209,7 @@ def test_always_nan_env_stops_with_one_line_and_no_ray_left(tmp_path, own):
 def test_killed_actor_is_restarted_and_the_run_completes(tmp_path):
     marker = tmp_path / "crashed"
     args = ["--env-id", "tests.envs:CrashOnce-v0", "--num-steps", "128", "--num-minibatches", "2"]
-    args += ["--update-epochs", "2", "--total-timesteps", "2560", "--run-name", "k", "--quiet", "--no-compile"]
+    args += ["--update-epochs", "2", "--total-timesteps", "2560", "--run-name", "k", "--quiet"]
     result = run(args, tmp_path, env={"DPPO_CRASH_MARKER": str(marker)})
     assert result.returncode == 0, result.stderr
     assert marker.exists(), "the test env should have killed an actor"
@@ -219,7 +219,7 @@ def test_killed_actor_is_restarted_and_the_run_completes(tmp_path):
     assert s["actor_restarts"] >= 1 and s["lost_rollouts"] >= 1
 
 
-FAULT = ["--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2", "--quiet", "--no-compile"]
+FAULT = ["--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2", "--quiet"]
 
 
 def last_line(text: str) -> str:
@@ -428,7 +428,7 @@ def test_actors_share_the_cpus_when_one_each_does_not_fit(tmp_path):
         "--num-minibatches",
         "2",
     ]
-    args += ["--update-epochs", "1", "--total-timesteps", str(32 * int(actors) * 2), "--quiet", "--no-compile"]
+    args += ["--update-epochs", "1", "--total-timesteps", str(32 * int(actors) * 2), "--quiet"]
     result = run(args, tmp_path)
     assert result.returncode == 0, result.stderr
     assert f"{actors} actors share" in result.stdout and "--actor-cpus" in result.stdout

@@ -215,7 +215,7 @@ def test_a_saved_policy_without_a_mode_still_leaves_its_summary_and_closing_line
     """A mixture of Gaussians trains (Agent.evaluate returns an entropy estimate) but has no mode for --save-model's
     mean-action evaluation: one line says so, and summary.json, the model and the closing line are all there."""
     folder = edited_copy(tmp_path, "mixture_policy")
-    result = run_once(folder, "--no-compile")  # what it checks is the evaluation's, after the training
+    result = run_once(folder)  # what it checks is the evaluation's, after the training
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "evaluating it failed" in errors[0] and "has no mode" in errors[0], errors
@@ -255,7 +255,7 @@ def test_an_edit_of_the_loop_steps_reaches_dppo_sync_and_async(tmp_path):
     ppo_continuous.py only: dppo_ray.py's learner runs that loop, so every edit shows in its sync and async runs as in
     the single run's. An async update may also count the steps of rollouts it dropped as too stale."""
     folder = edited_copy(tmp_path, "loop_steps")
-    common = ["--env-id", "Pendulum-v1", "--num-minibatches", "4", "--update-epochs", "2", "--quiet", "--no-compile"]
+    common = ["--env-id", "Pendulum-v1", "--num-minibatches", "4", "--update-epochs", "2", "--quiet"]
     dppo = ["--no-ray", "--num-actors", "2", "--num-steps", "128", "--total-timesteps", "768"]
     commands = {
         "single": ("ppo_continuous.py", ["--num-steps", "256", "--total-timesteps", "768"]),

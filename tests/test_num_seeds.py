@@ -101,7 +101,7 @@ def run_recorded_singles(folder: Path, run_dirs: list[Path], script: str = "ppo_
 
 def test_each_seed_is_its_single_run_bit_for_bit_and_writes_what_it_writes(tmp_path):
     """(Eager: the HalfCheetah seeds below are compiled.)"""
-    flags = [*RUN, "--no-compile"]
+    flags = [*RUN]
     together = run_ppo(
         [*flags, "--num-seeds", "3", "--run-name", "s", "--save-model", "--eval-episodes", "1"], tmp_path
     )
@@ -150,7 +150,7 @@ def test_edits_that_keep_state_anywhere_train_in_every_seed_as_in_its_single_run
     # the scheduler of seed_all_layers sets the learning rate. The compiled gradient is left out: what a seed shares
     # with its single run here is the process, and the stock seeds above (compiled) and tests/test_edits.py (each edit
     # compiled and eager) cover the gradient's paths.
-    flags = [*RUN, "--no-anneal-lr", "--no-compile"]
+    flags = [*RUN, "--no-anneal-lr"]
     together = run_python("my_ppo.py", [*flags, "--num-seeds", "2", "--run-name", "e"], folder, repo_on_path=False)
     assert together.returncode == 0, together.stderr
     assert "Traceback" not in together.stderr, together.stderr
@@ -175,7 +175,7 @@ def test_a_grid_of_an_edited_copy_trains_every_configuration_and_seed_as_its_sin
     folder = edited_copy(tmp_path, "seed_state_everywhere")
     (folder / "ppo_continuous.py").rename(folder / "my_ppo.py")
     shutil.copy(REPO / "ppo_continuous.py", folder / "ppo_continuous.py")
-    flags = [*RUN, "--no-compile"]
+    flags = [*RUN]
     grid = ["--num-seeds", "2", "--run-name", "g", "--grid", "learning-rate=1e-4,1e-3"]
     together = run_python("my_ppo.py", [*flags, *grid], folder, repo_on_path=False)
     assert together.returncode == 0, together.stderr
@@ -208,7 +208,7 @@ def test_a_grid_of_an_edited_copy_trains_every_configuration_and_seed_as_its_sin
 def test_a_configuration_refused_stops_alone_and_its_line_is_said_once(tmp_path):
     """--grid gamma=1.5,0.99: the first configuration's flags are refused (one line, once), the second trains; the
     closing lines say which configuration did not complete and how to start it, and the exit status is 1."""
-    args = [*RUN, "--no-compile", "--run-name", "r", "--grid", "gamma=1.5,0.99"]
+    args = [*RUN, "--run-name", "r", "--grid", "gamma=1.5,0.99"]
     result = run_ppo(args, tmp_path)
     assert result.returncode == 1, result.stderr
     refusal = "--gamma must be in (0, 1] and --gae-lambda in [0, 1], got 1.5"
@@ -233,7 +233,7 @@ def test_halfcheetah_seeds_are_their_single_runs_bit_for_bit(tmp_path):
 
 @pytest.mark.slow
 def test_a_seed_whose_env_fails_stops_alone_with_its_checkpoint(tmp_path):
-    args = ["--env-id", "tests.envs:FailsForSeed2-v0", "--num-steps", "64", "--num-minibatches", "2", "--no-compile"]
+    args = ["--env-id", "tests.envs:FailsForSeed2-v0", "--num-steps", "64", "--num-minibatches", "2"]
     args += ["--total-timesteps", "640", "--obs-warmup-steps", "0", "--quiet", "--num-seeds", "3", "--run-name", "f"]
     result = run_ppo(args, tmp_path)
     assert result.returncode == 1, result.stderr
@@ -357,7 +357,7 @@ def test_a_killed_launcher_or_a_signal_at_start_up_leaves_every_started_seed_its
 def test_resuming_one_seed_alone_leaves_the_others_and_a_refused_resume_of_all_is_one_line(tmp_path):
     """A flag that --resume refuses, given to --resume ... --num-seeds 2: every seed's refusal said once, in one line,
     exit status 2, no table, and nothing of the seeds' folders touched (output.log included)."""
-    args = [*RUN, "--num-seeds", "2", "--run-name", "r", "--no-compile"]
+    args = [*RUN, "--num-seeds", "2", "--run-name", "r"]
     assert run_ppo(args, tmp_path).returncode == 0
     logs = [(tmp_path / "runs" / f"r__{seed}" / "output.log").read_text() for seed in (1, 2)]
     resume_all = ["--resume", "runs/r__1/checkpoint.pt", "--num-seeds", "2", "--gamma", "0.5", "--quiet"]
@@ -368,7 +368,7 @@ def test_resuming_one_seed_alone_leaves_the_others_and_a_refused_resume_of_all_i
     assert [(tmp_path / "runs" / f"r__{seed}" / "output.log").read_text() for seed in (1, 2)] == logs
     before = (tmp_path / "runs" / "r__1" / "checkpoint.pt").read_bytes()
     ckpt = str(Path("runs") / "r__2" / "checkpoint.pt")
-    resumed = run_ppo(["--resume", ckpt, "--total-timesteps", "1024", "--no-compile"], tmp_path)
+    resumed = run_ppo(["--resume", ckpt, "--total-timesteps", "1024"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert torch.load(tmp_path / ckpt, weights_only=True)["global_step"] == 1024
     assert (tmp_path / "runs" / "r__1" / "checkpoint.pt").read_bytes() == before
@@ -474,7 +474,7 @@ def test_seeds_on_a_ray_cluster_of_two_1_cpu_nodes_one_a_node_stop_come_home_res
         cluster.wait_for_nodes()
         address = ["--ray-address", cluster.address]
         args = ["--env-id", "Pendulum-v1", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2"]
-        args += ["--checkpoint-every", "0", "--quiet", "--no-compile"]
+        args += ["--checkpoint-every", "0", "--quiet"]
         launch = [*args, "--total-timesteps", "300000", "--num-seeds", "3", "--run-name", "k", *address]
         launched = time.time()
         proc = cluster.own.start(PPO_SCRIPT, launch, tmp_path)
@@ -528,7 +528,7 @@ def test_seeds_on_a_ray_cluster_of_two_1_cpu_nodes_one_a_node_stop_come_home_res
         assert_one_run_at_a_time_per_node(folders)
         assert "learning-rate=0.001 vs learning-rate=0.0001: difference " in gridded.stdout
         # the cluster goes away under a launch: two seeds have come home, the third is training
-        launch = [*args, "--total-timesteps", "20000", "--num-seeds", "3", "--run-name", "x", *address]
+        launch = [*args, "--total-timesteps", "8000", "--num-seeds", "3", "--run-name", "x", *address]
         launched = time.time()
         proc = cluster.own.start(PPO_SCRIPT, launch, tmp_path)
 
@@ -791,7 +791,7 @@ def test_no_closing_line_offers_a_checkpoint_that_was_not_saved(tmp_path, monkey
     run_dir = os.path.join("runs", "c__2")
     monitor = SimpleNamespace(run_dir=run_dir, mean_return=lambda: 5.0, args=SimpleNamespace(save_model=False))
     state = SimpleNamespace(global_step=512, recent_returns=[5.0])
-    flags = ["--env-id", "Pendulum-v1", "--no-compile"]
+    flags = ["--env-id", "Pendulum-v1"]
     seeds = [launcher.Seed(k, os.path.join("runs", f"c__{k}"), [*flags, f"--seed={k}", f"--run-name=c__{k}"])
              for k in (1, 2)]  # fmt: skip
     ended = [launcher.Ended(seed, 130) for seed in seeds]

@@ -147,7 +147,7 @@ def test_a_cleanrl_command_line_with_every_flag_trains_and_upload_model_is_refus
     value; batch sizes and iterations are computed, as in CleanRL). --upload-model is refused in one line, exit status
     2, by both scripts; dppo_ray.py, which has --num-actors x --num-envs-per-actor envs, refuses --num-envs so."""
     short = dict(env_id="Pendulum-v1", total_timesteps="128", num_steps="64", num_minibatches="2", update_epochs="1")
-    ours = ["--quiet", "--no-compile"]  # after the CleanRL line: no progress bar, no compile start-up
+    ours = ["--quiet"]  # after the CleanRL line: no progress bar
     result = run_ppo([*cleanrl_command(**short), *ours], tmp_path)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and "error" not in result.stderr, result.stderr

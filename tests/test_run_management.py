@@ -110,7 +110,7 @@ def test_an_env_that_never_returns_stops_the_run_at_its_rollout_timeout_with_a_c
     says which timed out, and why."""
     timeout = 3
     shape = ["--num-steps", "64", "--num-minibatches", "4", "--update-epochs", "2", "--obs-warmup-steps", "100"]
-    common = [*shape, "--quiet", "--no-compile", "--rollout-timeout", str(timeout), "--total-timesteps", "4096"]
+    common = [*shape, "--quiet", "--rollout-timeout", str(timeout), "--total-timesteps", "4096"]
     runs = {  # every env hangs on its 300th step (the warm-up's count): the 4th rollout, after three updates
         "python": (PPO_SCRIPT, ["--env-id", "tests.envs:HangOnce-v0", "--num-envs", "4"]),
         "in_c": (PPO_SCRIPT, ["--env-id", "tests.envs:HangOnceInC-v0", "--num-envs", "4"]),
@@ -307,7 +307,7 @@ def test_total_timesteps_rounded_down_is_said_and_summary_records_the_evaluation
     version beside torch's and gymnasium's."""
     args = ["--env-id", "Pendulum-v1", "--total-timesteps", "600", "--num-steps", "64", "--num-minibatches", "4"]
     args += ["--update-epochs", "1", "--run-name", "r", "--save-model", "--eval-episodes", "3", "--quiet"]
-    result = run_python(REPO / script, [*args, "--no-compile", *shape], tmp_path)
+    result = run_python(REPO / script, [*args, *shape], tmp_path)
     assert result.returncode == 0, result.stderr
     said = [line for line in result.stderr.splitlines() if "--total-timesteps" in line]
     rounded = "--total-timesteps 600 is rounded down to whole batches of 256 steps: 512 steps in 2 iterations"
@@ -467,7 +467,7 @@ def test_a_run_under_nohup_outlives_its_terminal(tmp_path):
     go = tmp_path / "go"
     args = ["--env-id", "tests.envs:PauseOnce-v0", "--total-timesteps", "2048", "--num-envs", "2", "--num-steps", "128"]
     args += ["--num-minibatches", "4", "--update-epochs", "2", "--obs-warmup-steps", "256", "--run-name", "h"]
-    args += ["--quiet", "--no-compile"]
+    args += ["--quiet"]
 
     def nohup() -> None:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
