@@ -799,7 +799,7 @@ def test_no_closing_line_offers_a_checkpoint_that_was_not_saved(tmp_path, monkey
     assert closing.endswith("; no checkpoint was saved: start it afresh with the same command and --overwrite")
     assert "--resume" not in closing
     lines = launcher.report("ppo_continuous.py", ended, [], 1)
-    again = "python ppo_continuous.py --env-id Pendulum-v1 --no-compile --overwrite --seed 1 --num-seeds 2 --run-name c"
+    again = "python ppo_continuous.py --env-id Pendulum-v1 --overwrite --seed 1 --num-seeds 2 --run-name c"
     assert lines[-1] == f"not completed: seed 1, 2; none saved a checkpoint: start them afresh with: {again}", lines
     (folders[1] / "checkpoint.pt").write_bytes(b"")
     closing = run_management.closing_line(monitor, "interrupted", state)
