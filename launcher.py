@@ -450,7 +450,7 @@ class Launch:
     def stop_now(self, signum: int) -> None:
         for child in self.running:
             child.signal(signum)
-        self.say(f"{self.prog}: {signal_name(signum)} again: the runs under way quit now (their last checkpoints stay)")
+        self.say(f"{self.prog}: {signal_name(signum)} again: the runs under way quit now (a checkpoint saved stays)")
 
     def next_seed(self) -> Seed | None:
         """The waiting seed that starts now, if any: a process is free, no signal came, and its configuration's flags
