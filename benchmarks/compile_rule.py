@@ -3,9 +3,10 @@ costs, and what each compiled gradient step saves, whole process, on each env gi
 
     python benchmarks/compile_rule.py --envs HalfCheetah-v5 Pendulum-v1 --out benchmarks/results/compile_rule.md
 
-Each round runs, per env and in a fresh working folder, ppo_continuous.py with CleanRL's shape (1 env x 2048 steps, 10
-epochs x 32 minibatches): 2 iterations eager (--no-compile), 2 compiled with an empty TORCHINDUCTOR_CACHE_DIR (cold),
-the same again with that cache (warm); then --long-iterations eager and compiled (warm). From their wall times:
+Each round runs, per env, ppo_continuous.py with CleanRL's shape (1 env x 2048 steps, 10 epochs x 32 minibatches),
+each run a whole process in a fresh working folder (startup.run_once): 2 iterations eager (--no-compile), 2 compiled
+with an empty TORCHINDUCTOR_CACHE_DIR (cold), the same again with that cache (warm); then --long-iterations eager and
+compiled (warm). From their wall times:
 - the build's cost: cold minus eager, 2 iterations each (what a run after an edit of the gradient pays);
 - the saving per iteration: the long runs' difference less the short runs', over the iterations between them;
 - the gradient steps that repay a cold build: the build's cost over the saving per gradient step.
@@ -16,44 +17,34 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
+import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHAPE = ["--num-envs", "1", "--num-steps", "2048", "--update-epochs", "10", "--num-minibatches", "32"]
-STEPS_PER_ITERATION = 10 * 32  # gradient steps: --update-epochs x --num-minibatches
+from startup import REPO, machine, run_once
 
-
-def timed_run(env_id: str, iterations: int, compiled: bool, cache: str, folder: str) -> float:
-    """Wall seconds of one whole ppo_continuous.py process."""
-    flags = ["--env-id", env_id, *SHAPE, "--total-timesteps", str(2048 * iterations), "--quiet"]
-    flags += ["--checkpoint-every", "0", "--run-name", f"{env_id}_{iterations}_{compiled}_{time.time_ns()}"]
-    flags.append("--compile" if compiled else "--no-compile")
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "PYTHONPATH": REPO}
-    start = time.perf_counter()
-    subprocess.run(
-        [sys.executable, os.path.join(REPO, "ppo_continuous.py"), *flags],
-        cwd=folder,
-        env=env,
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    return time.perf_counter() - start
+STEPS_PER_ITERATION = 10 * 32  # gradient steps at CleanRL's defaults: --update-epochs x --num-minibatches
 
 
 def one_round(env_id: str, long_iterations: int) -> dict[str, float]:
-    with tempfile.TemporaryDirectory() as folder:
-        cache = os.path.join(folder, "inductor_cache")
+    """Each run is startup.py's (a whole process in a fresh working folder, CleanRL's defaults but the length; modes
+    no-compile, cold and warm: --compile with the round's cache, empty at first)."""
+    short = argparse.Namespace(env_id=env_id, total_timesteps=2 * 2048, script=os.path.join(REPO, "ppo_continuous.py"))
+    long = argparse.Namespace(**{**vars(short), "total_timesteps": long_iterations * 2048})
+    cache = tempfile.mkdtemp(prefix="compile_rule_cache_")
+    try:
         t = {
-            "eager_2": timed_run(env_id, 2, False, cache, folder),
-            "cold_2": timed_run(env_id, 2, True, cache, folder),
-            "warm_2": timed_run(env_id, 2, True, cache, folder),
-            "eager_long": timed_run(env_id, long_iterations, False, cache, folder),
-            "warm_long": timed_run(env_id, long_iterations, True, cache, folder),
+            "eager_2": run_once(short, "no-compile", cache)["wall"],
+            "cold_2": run_once(short, "cold", cache)["wall"],
+            "warm_2": run_once(short, "warm", cache)["wall"],
+            "eager_long": run_once(long, "no-compile", cache)["wall"],
+            "warm_long": run_once(long, "warm", cache)["wall"],
         }
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
     t["build"] = t["cold_2"] - t["eager_2"]
     t["warm_load"] = t["warm_2"] - t["eager_2"]
     saved = (t["eager_long"] - t["eager_2"]) - (t["warm_long"] - t["warm_2"])
@@ -78,9 +69,15 @@ def main() -> int:
             print(env_id, {k: round(v, 3) for k, v in rows[env_id][-1].items()}, flush=True)
     keys = ["eager_2", "cold_2", "warm_2", "eager_long", "warm_long", "build", "warm_load", "saving_per_iteration"]
     keys += ["saving_per_step_ms", "steps_to_repay"]
+    import torch
+    from common import display_command
+    from throughput_report import git_commit
+
     lines = [
-        f"`python benchmarks/compile_rule.py --envs {' '.join(args.envs)} --rounds {args.rounds} "
-        f"--long-iterations {args.long_iterations}`",
+        "`" + display_command([os.path.join(REPO, "benchmarks", "compile_rule.py"), *sys.argv[1:]]) + "`",
+        "",
+        f"{machine()}; Python {platform.python_version()}, torch {torch.__version__}; repo at {git_commit()}; "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         "",
         "| env | figure (s unless named) | per round | median |",
         "|---|---|---|---|",

@@ -6,10 +6,11 @@ process, with torch's compile cache empty (cold), holding the graph (warm), and 
     python benchmarks/startup.py --script my_ppo.py    # an edited copy (its first run after the edit is the cold one)
 
 A round runs each mode once, one after another, so that a load that comes and goes falls on every mode alike.
-- cold: a new, empty TORCHINDUCTOR_CACHE_DIR. Inductor's precompiled headers live outside it (under the system's
+- cold: --compile (a run this short trains eagerly by default: fast_paths.compile_pays), with a new, empty
+  TORCHINDUCTOR_CACHE_DIR. Inductor's precompiled headers live outside it (under the system's
   temporary folder) and are kept: they depend on torch and the C++ compiler, not on the code, so an edit does not
   rebuild them. The very first compile on a machine also builds them; that run is not one of these.
-- warm: the cache the round's cold run filled.
+- warm: --compile, with the cache the round's cold run filled.
 - no-compile: --no-compile, the eager gradient.
 Reports, per mode, the wall time (median, least and most over the rounds), the CPU time of the process and of every
 child it waited for (inductor's C++ builds included), and the peak resident memory of the largest of them.
@@ -35,7 +36,7 @@ def run_once(cfg: argparse.Namespace, mode: str, cache_dir: str) -> dict:
     """One whole process in a fresh working directory: its wall time, CPU time and peak memory (os.wait4's rusage,
     which counts the children it waited for)."""
     flags = ["--env-id", cfg.env_id, "--total-timesteps", str(cfg.total_timesteps), "--quiet", "--run-name", "s"]
-    flags += ["--checkpoint-every", "0"] + (["--no-compile"] if mode == "no-compile" else [])
+    flags += ["--checkpoint-every", "0", "--no-compile" if mode == "no-compile" else "--compile"]
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir)
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
