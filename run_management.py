@@ -302,7 +302,6 @@ class TrainingLoop(TwoStageStop):
     def __init__(self, run: Run, save_checkpoint):
         super().__init__(self.stop_after_iteration)  # a second SIGINT or SIGTERM raises KeyboardInterrupt
         self.run, self.save_checkpoint = run, save_checkpoint
-        self.run_dir = run.run_dir
         self.status = "running"
         self.hard = False
         self.error: str | None = None
@@ -342,7 +341,7 @@ class TrainingLoop(TwoStageStop):
             self.signum = self.signum or signal.SIGINT
         elif issubclass(exc_type, BadBatchError):
             self.status = "stopped_by_guard"
-            tqdm.write(f"{PROG}: error: {exc}; the last good checkpoint stays in {self.run_dir}", file=sys.stderr)
+            tqdm.write(f"{PROG}: error: {exc}; the last good checkpoint stays in {self.run.run_dir}", file=sys.stderr)
         elif issubclass(exc_type, StopRun):
             self.status = "failed"
             self.error = str(exc)  # printed by the script as its very last line, once everything is shut down
