@@ -74,6 +74,121 @@ def start_python(
     )
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# A script run in a process forked from one that has imported its libraries
+# ---------------------------------------------------------------------------------------------------------------------
+# What every run imports before it reaches its own code (torch's compiler, which the optimizer's first step and a
+# compiled gradient import, included): a test that runs many short trainings starts each from a server that holds them
+# (multiprocessing's forkserver, one per test worker), so that each run pays for its own code, not for torch's import.
+# None is a module of the repository, and none starts a thread (a thread does not survive a fork).
+PRELOADED = [
+    "numpy",
+    "torch",
+    "torch._dynamo",
+    "torch._inductor.compile_fx",
+    "torch.utils.tensorboard",
+    "gymnasium",
+    "tyro",
+    "tqdm",
+]
+
+
+def _script_in_fork(script: str, args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+    """(In a child of the fork server.) What `python script *args` does in `cwd` with environment `env`: the script's
+    folder first on the import path, then PYTHONPATH's, then the interpreter's own (the repository and its tests left
+    out, so that a copy of the code imports the copy's modules); stdout and stderr to the files `out` and `err`; exits
+    with the script's status (1 after a traceback, as the interpreter does)."""
+    import atexit
+    import runpy
+    import traceback
+
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, out), (2, err)):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_TRUNC), fd)
+    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 (block-buffered, as a pipe's stdout is)
+    sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)  # noqa: SIM115
+    os.chdir(cwd)
+    script_path = Path(script).resolve()
+    left_out = {REPO, REPO / "benchmarks", REPO / "tests"}
+    own = [p for p in sys.path if p and Path(p).resolve() not in left_out]
+    sys.path[:] = [str(script_path.parent), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep)), *own]
+    sys.argv = [script, *args]
+    status = 0
+    try:
+        runpy.run_path(str(script_path), run_name="__main__")
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            status = (e.code or 0) & 0xFF
+        else:
+            print(e.code, file=sys.stderr)
+            status = 1
+    except BaseException:  # noqa: BLE001 (reported as the interpreter reports it)
+        traceback.print_exc()
+        status = 1
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+
+class ForkedScript:
+    """`python script *args` in `cwd`, started in a process of its own forked from the fork server (PRELOADED), with
+    this process's environment as script_env makes it; `result()` waits for its end."""
+
+    def __init__(
+        self,
+        script: str | Path,
+        args: Sequence[str] = (),
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        *,
+        repo_on_path: bool = True,
+    ):
+        import multiprocessing
+        import tempfile
+
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(PRELOADED)
+        self.args = [sys.executable, str(script), *args]
+        self.outputs = []
+        for _ in range(2):
+            fd, path = tempfile.mkstemp(prefix="forked_script_", suffix=".txt")
+            os.close(fd)
+            self.outputs.append(path)
+        environment = script_env(env, repo_on_path)
+        target_args = (str(script), list(args), str(cwd or os.getcwd()), environment, *self.outputs)
+        self.process = context.Process(target=_script_in_fork, args=target_args)
+        self.process.start()
+
+    def result(self, timeout: float = SAFETY_NET) -> subprocess.CompletedProcess:
+        """The ended run's exit status (negative: the signal that ended it) and output."""
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        stdout, stderr = (Path(path).read_text(errors="replace") for path in self.outputs)
+        for path in self.outputs:
+            os.unlink(path)
+        return subprocess.CompletedProcess(self.args, self.process.exitcode, stdout, stderr)
+
+
+def run_forked(
+    script: str | Path,
+    args: Sequence[str] = (),
+    cwd: Path | None = None,
+    timeout: float = SAFETY_NET,
+    env: Mapping[str, str] | None = None,
+    *,
+    repo_on_path: bool = True,
+) -> subprocess.CompletedProcess:
+    """ForkedScript's run, to its end: run_python's result, without the start-up of torch in each run."""
+    return ForkedScript(script, args, cwd, env, repo_on_path=repo_on_path).result(timeout)
+
+
 class OwnProcesses:
     """The processes that the scripts a test starts through it leave running, and only those: not another Ray job's or
     a user's own cluster on this machine. Each script runs in a session of its own, which every process it starts
@@ -173,9 +288,12 @@ def wait_until_trained(run_dir: Path, proc: subprocess.Popen | None = None, time
 PPO_SCRIPT = REPO / "ppo_continuous.py"
 
 
-def run_ppo(args: Sequence[str], cwd: Path, timeout: float = SAFETY_NET, **kwargs) -> subprocess.CompletedProcess:
-    """`python ppo_continuous.py *args` in `cwd`, as a user runs it (run_python)."""
-    return run_python(PPO_SCRIPT, args, cwd, timeout, **kwargs)
+def run_ppo(
+    args: Sequence[str], cwd: Path, timeout: float = SAFETY_NET, *, forked: bool = False, **kwargs
+) -> subprocess.CompletedProcess:
+    """`python ppo_continuous.py *args` in `cwd`, as a user runs it (run_python), or with `forked` in a process forked
+    from one that has imported torch (run_forked: for a test of what a run trains and writes, not of its process)."""
+    return (run_forked if forked else run_python)(PPO_SCRIPT, args, cwd, timeout, **kwargs)
 
 
 def tensorboard_events(run_dir: Path, **size_guidance: int) -> EventAccumulator:

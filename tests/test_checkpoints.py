@@ -25,13 +25,17 @@ import ppo_continuous  # noqa: E402
 
 
 def test_checkpoint_and_resume_continue_steps_and_curves(tmp_path):
-    first = run_ppo(["--env-id", "Pendulum-v1", "--total-timesteps", "512", "--run-name", "r", *SMALL], tmp_path)
+    first = run_ppo(
+        ["--env-id", "Pendulum-v1", "--total-timesteps", "512", "--run-name", "r", *SMALL], tmp_path, forked=True
+    )
     assert first.returncode == 0, first.stderr
     ckpt_path = tmp_path / "runs" / "r" / "checkpoint.pt"
     ckpt = torch.load(ckpt_path, weights_only=True)
     assert ckpt["global_step"] == 512 and ckpt["iteration"] == 2
     resumed = run_ppo(
-        ["--env-id", "Pendulum-v1", "--total-timesteps", "1024", "--resume", str(ckpt_path), *SMALL], tmp_path
+        ["--env-id", "Pendulum-v1", "--total-timesteps", "1024", "--resume", str(ckpt_path), *SMALL],
+        tmp_path,
+        forked=True,
     )
     assert resumed.returncode == 0, resumed.stderr
     summary = json.loads((tmp_path / "runs" / "r" / "summary.json").read_text())
@@ -46,12 +50,14 @@ def test_checkpoint_and_resume_continue_steps_and_curves(tmp_path):
 @pytest.mark.slow
 def test_eval_checkpoint_uses_saved_normalization(tmp_path):
     result = run_ppo(
-        ["--env-id", "Pendulum-v1", "--total-timesteps", "1024", "--run-name", "e", "--save-model", *SMALL], tmp_path
+        ["--env-id", "Pendulum-v1", "--total-timesteps", "1024", "--run-name", "e", "--save-model", *SMALL],
+        tmp_path,
+        forked=True,
     )
     assert result.returncode == 0, result.stderr
     model = tmp_path / "runs" / "e" / "ppo_continuous.model"
     assert model.is_file()
-    out = run_ppo(["--eval-checkpoint", str(model), "--eval-episodes", "3", "--seed", "7"], tmp_path)
+    out = run_ppo(["--eval-checkpoint", str(model), "--eval-episodes", "3", "--seed", "7"], tmp_path, forked=True)
     assert out.returncode == 0, out.stderr
     line = out.stdout.strip().splitlines()[-1]
     assert "Pendulum-v1: mean return" in line and "over 3 episodes" in line
@@ -105,7 +111,7 @@ def bad_checkpoints(tmp_path: Path) -> dict[str, Path]:
 @pytest.mark.parametrize("flag", ["--eval-checkpoint", "--resume"])
 def test_bad_checkpoint_is_refused_without_running_code(tmp_path, kind, flag):
     path = bad_checkpoints(tmp_path)[kind]
-    result = run_ppo([flag, str(path), "--env-id", "Pendulum-v1", "--quiet"], tmp_path, timeout=SAFETY_NET)
+    result = run_ppo([flag, str(path), "--env-id", "Pendulum-v1", "--quiet"], tmp_path, timeout=SAFETY_NET, forked=True)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     lines = result.stderr.strip().splitlines()
@@ -115,10 +121,12 @@ def test_bad_checkpoint_is_refused_without_running_code(tmp_path, kind, flag):
 
 @pytest.mark.slow
 def test_resume_from_checkpoint_of_another_env_is_refused(tmp_path):
-    first = run_ppo(["--env-id", "Pendulum-v1", "--total-timesteps", "256", "--run-name", "x", *SMALL], tmp_path)
+    first = run_ppo(
+        ["--env-id", "Pendulum-v1", "--total-timesteps", "256", "--run-name", "x", *SMALL], tmp_path, forked=True
+    )
     assert first.returncode == 0
     ckpt = str(tmp_path / "runs" / "x" / "checkpoint.pt")
-    result = run_ppo(["--env-id", "Hopper-v5", "--resume", ckpt, *SMALL], tmp_path)
+    result = run_ppo(["--env-id", "Hopper-v5", "--resume", ckpt, *SMALL], tmp_path, forked=True)
     assert result.returncode == 2 and "was trained on Pendulum-v1, not --env-id Hopper-v5" in result.stderr
 
 

@@ -16,7 +16,15 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.conftest import REPO, SAFETY_NET, OwnProcesses, run_python, tensorboard_events, wait_until_trained
+from tests.conftest import (
+    REPO,
+    SAFETY_NET,
+    OwnProcesses,
+    run_forked,
+    run_python,
+    tensorboard_events,
+    wait_until_trained,
+)
 
 SCRIPT = REPO / "dppo_ray.py"
 
@@ -28,8 +36,11 @@ CARTPOLE += ["--quiet"]
 def run(
     args: list[str], cwd: Path, timeout: float = SAFETY_NET, env: dict | None = None, own: OwnProcesses | None = None
 ) -> subprocess.CompletedProcess:
-    """dppo_ray.py run to its end; through `own` where the test checks what it leaves running."""
-    return run_python(SCRIPT, args, cwd, timeout, env) if own is None else own.run(SCRIPT, args, cwd, timeout, env)
+    """dppo_ray.py run to its end; through `own` where the test checks what it leaves running; forked from a process
+    that has imported torch (run_forked) where it starts no Ray."""
+    if own is not None:
+        return own.run(SCRIPT, args, cwd, timeout, env)
+    return (run_forked if "--no-ray" in args else run_python)(SCRIPT, args, cwd, timeout, env)
 
 
 def summary(cwd: Path, name: str) -> dict:

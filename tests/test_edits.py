@@ -10,28 +10,26 @@ when the audit meets it; either way the run trains the network as written: its l
 run's within float noise every iteration (up to the iteration before the acting audit stepped in: a discarded rollout
 shifts the data after that), and the saved model acts with the edited network. Pendulum's dynamics do not amplify
 float rounding over these few iterations, so the two runs see the same data.
+
+Each run is `python script ...` in the copy's folder, in a process of its own forked from one that has imported torch
+(tests.conftest.ForkedScript): the copy's modules are imported in the run, as they are in a user's.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import multiprocessing
-import os
 import subprocess
 import sys
-import traceback
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from tests.conftest import REPO, SAFETY_NET, run_python, start_python, tensorboard_events
+from tests.conftest import REPO, ForkedScript, run_forked, tensorboard_events
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-from edits import AUDITED, EDITS, EXPECTED, MODULES, edited_copy  # noqa: E402
+from edits import AUDITED, EDITS, EXPECTED, edited_copy  # noqa: E402
 
 RUN = ["--env-id", "Pendulum-v1", "--total-timesteps", "768", "--num-steps", "256", "--num-minibatches", "4"]
 RUN += ["--update-epochs", "2", "--save-model", "--eval-episodes", "1", "--quiet", "--checkpoint-every", "0"]
@@ -49,15 +47,11 @@ FLAGS = {
 
 
 def run_both(folder: Path, script: str, args: list[str]) -> list[subprocess.CompletedProcess]:
-    """The script with the fast paths (run "fast", --compile: a run this short would train eagerly by the compile
-    rule) and with --no-fast-path (run "plain"), side by side."""
+    """The copy's script with the fast paths (run "fast", --compile: a run this short would train eagerly by the
+    compile rule) and with --no-fast-path (run "plain"), side by side, each in a process of its own (ForkedScript)."""
     commands = [[*args, "--run-name", "fast", "--compile"], [*args, "--run-name", "plain", "--no-fast-path"]]
-    processes = [start_python(script, command, folder, repo_on_path=False) for command in commands]
-    results = []
-    for process, command in zip(processes, commands):
-        stdout, stderr = process.communicate(timeout=SAFETY_NET)
-        results.append(subprocess.CompletedProcess(command, process.returncode, stdout, stderr))
-    return results
+    runs = [ForkedScript(folder / script, command, folder, repo_on_path=False) for command in commands]
+    return [run.result() for run in runs]
 
 
 def losses(run_dir: Path) -> dict[str, np.ndarray]:
@@ -97,48 +91,13 @@ predicted = policy.predict(obs).tolist()
 again = policy.predict(obs).tolist()
 print(json.dumps(dict(predicted=predicted, again=again, expected=expected.tolist(), stock_tanh=stock_tanh)))
 """
-# ACTS_AS_EDITED runs in a process of its own in the copy's folder, as `python -c ACTS_AS_EDITED` would there, but
-# forked from a server that has imported these packages already (multiprocessing's forkserver, one per test worker,
-# which imports none of the repository's modules): each check imports the copy's modules, not torch again.
-PRELOADED = ["numpy", "torch", "gymnasium", "tyro"]
-
-
-def acts_as_edited_in(folder: str, argv: list[str], result) -> None:
-    """(In a child of the fork server.) ACTS_AS_EDITED with `argv`, in `folder` and with `folder` first on the import
-    path, so that it imports the copy's modules; sends (exit status, stdout, stderr) through `result`."""
-    for name in MODULES:  # none is imported here; were one, the check would import it afresh from the copy
-        sys.modules.pop(name.removesuffix(".py"), None)
-    os.chdir(folder)
-    sys.path.insert(0, folder)
-    sys.argv = ["-c", *argv]
-    out, err = io.StringIO(), io.StringIO()
-    status = 0
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            exec(compile(ACTS_AS_EDITED, "<string>", "exec"), {"__name__": "__main__"})
-    except BaseException:  # noqa: BLE001 (reported as python -c reports it: a traceback and exit status 1)
-        status = 1
-        err.write(traceback.format_exc())
-    result.send((status, out.getvalue(), err.getvalue()))
 
 
 def check_acts_as_edited(folder: Path, model: Path, edit: str) -> subprocess.CompletedProcess:
-    """ACTS_AS_EDITED run on `model` for `edit` in the copy's `folder` (acts_as_edited_in), to its end."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(PRELOADED)
-    receive, send = context.Pipe(duplex=False)
-    process = context.Process(target=acts_as_edited_in, args=(str(folder), [str(model), edit], send))
-    process.start()
-    send.close()
-    try:
-        status, stdout, stderr = receive.recv() if receive.poll(SAFETY_NET) else (None, "", "the check never answered")
-    except EOFError:  # it died before it could answer
-        status, stdout, stderr = process.exitcode, "", "the check ended without an answer"
-    finally:
-        process.join(SAFETY_NET)
-        if process.is_alive():
-            process.kill()
-    return subprocess.CompletedProcess(["ACTS_AS_EDITED", str(model), edit], status, stdout, stderr)
+    """ACTS_AS_EDITED run on `model` for `edit` in the copy's `folder` with the copy's modules, to its end."""
+    check = folder.parent / "acts_as_edited.py"
+    check.write_text(ACTS_AS_EDITED)
+    return run_forked(check, [str(model), edit], folder, env={"PYTHONPATH": str(folder)}, repo_on_path=False)
 
 
 def first_switch(summary: dict) -> int | None:
@@ -193,9 +152,9 @@ def test_an_edit_trains_as_written_on_both_paths(tmp_path, edit):
 
 
 def run_once(folder: Path, *extra: str) -> subprocess.CompletedProcess:
-    """The edited copy's ppo_continuous.py, once, as a user runs it (run folder runs/r)."""
+    """The edited copy's ppo_continuous.py, once, as a user runs it (run folder runs/r; run_forked)."""
     args = [*RUN, *extra, "--run-name", "r"]
-    return run_python("ppo_continuous.py", args, folder, timeout=SAFETY_NET, repo_on_path=False)
+    return run_forked(folder / "ppo_continuous.py", args, folder, repo_on_path=False)
 
 
 @pytest.mark.slow
@@ -262,13 +221,14 @@ def test_an_edit_of_the_loop_steps_reaches_dppo_sync_and_async(tmp_path):
         "sync": ("dppo_ray.py", dppo),
         "async": ("dppo_ray.py", [*dppo, "--mode", "async"]),
     }
-    processes = {
-        name: start_python(script, [*common, *flags, "--run-name", name], folder, repo_on_path=False)
+    runs = {
+        name: ForkedScript(folder / script, [*common, *flags, "--run-name", name], folder, repo_on_path=False)
         for name, (script, flags) in commands.items()
     }
-    for name, process in processes.items():
-        _, stderr = process.communicate(timeout=SAFETY_NET)
-        assert process.returncode == 0, f"{name}: {stderr[-3000:]}"
+    for name, run in runs.items():
+        result = run.result()
+        stderr = result.stderr
+        assert result.returncode == 0, f"{name}: {stderr[-3000:]}"
         events = tensorboard_events(folder / "runs" / name)
         assert [e.value for e in events.Scalars("charts/edited_scalar")] == [7.0] * 3, name
         assert [e.value for e in events.Scalars("charts/edited_loop_iteration")] == [1.0, 2.0, 3.0], name

@@ -43,7 +43,9 @@ CLEANRL_TAGS = [
 def pendulum_run(tmp_path_factory):
     """One short Pendulum run shared by the tests that only read its outputs."""
     cwd = tmp_path_factory.mktemp("pendulum")
-    result = run_ppo(["--env-id", "Pendulum-v1", "--total-timesteps", "1024", "--run-name", "p", *SMALL], cwd)
+    result = run_ppo(
+        ["--env-id", "Pendulum-v1", "--total-timesteps", "1024", "--run-name", "p", *SMALL], cwd, forked=True
+    )
     assert result.returncode == 0, result.stderr
     return cwd, cwd / "runs" / "p", result.stderr
 
@@ -81,7 +83,7 @@ def test_same_seed_same_run(pendulum_run, tmp_path):
     """pendulum_run's run (seed 1, the default) run again in another folder, its seed given: the same run, scalar for
     scalar and weight for weight; another seed changes it."""
     args = ["--env-id", "Pendulum-v1", "--total-timesteps", "1024", *SMALL]
-    assert run_ppo([*args, "--seed", "1", "--run-name", "s"], tmp_path).returncode == 0
+    assert run_ppo([*args, "--seed", "1", "--run-name", "s"], tmp_path, forked=True).returncode == 0
     run_dirs = [pendulum_run[1], tmp_path / "runs" / "s"]
     runs = [tensorboard_events(run_dir) for run_dir in run_dirs]
     for tag in ["charts/episodic_return", "losses/value_loss", "losses/approx_kl"]:
@@ -90,7 +92,7 @@ def test_same_seed_same_run(pendulum_run, tmp_path):
     ckpts = [torch.load(run_dir / "checkpoint.pt", weights_only=True) for run_dir in run_dirs]
     for key, value in ckpts[0]["agent"].items():
         assert torch.equal(value, ckpts[1]["agent"][key]), key
-    other = run_ppo([*args, "--seed", "4", "--run-name", "t"], tmp_path)
+    other = run_ppo([*args, "--seed", "4", "--run-name", "t"], tmp_path, forked=True)
     assert other.returncode == 0
     c = [e.value for e in tensorboard_events(tmp_path / "runs" / "t").Scalars("losses/value_loss")]
     assert c != [e.value for e in runs[0].Scalars("losses/value_loss")], "a different seed must change the run"
@@ -148,7 +150,7 @@ def test_a_cleanrl_command_line_with_every_flag_trains_and_upload_model_is_refus
     2, by both scripts; dppo_ray.py, which has --num-actors x --num-envs-per-actor envs, refuses --num-envs so."""
     short = dict(env_id="Pendulum-v1", total_timesteps="128", num_steps="64", num_minibatches="2", update_epochs="1")
     ours = ["--quiet"]  # after the CleanRL line: no progress bar
-    result = run_ppo([*cleanrl_command(**short), *ours], tmp_path)
+    result = run_ppo([*cleanrl_command(**short), *ours], tmp_path, forked=True)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and "error" not in result.stderr, result.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
@@ -217,7 +219,9 @@ def critic_values(run_dir: Path) -> np.ndarray:
 def test_autoreset_records_real_episodes_only(tmp_path):
     """With SAME_STEP autoreset no fake reset transition enters the data: every 5-step episode returns exactly 5."""
     result = run_ppo(
-        ["--env-id", "tests.envs:Truncating-v0", "--run-name", "c", "--total-timesteps", "1280", *VALUE_FIT], tmp_path
+        ["--env-id", "tests.envs:Truncating-v0", "--run-name", "c", "--total-timesteps", "1280", *VALUE_FIT],
+        tmp_path,
+        forked=True,
     )
     assert result.returncode == 0, result.stderr
     acc = tensorboard_events(tmp_path / "runs" / "c")
@@ -233,7 +237,9 @@ def test_truncation_bootstraps_and_termination_does_not(tmp_path):
     had truncation been treated as termination, V would fall to 1 at the last step. A real termination gives
     V(s_t) = 2 - 0.5^(4-t), i.e. 1 at the last step."""
     for env_id, name in [("tests.envs:Truncating-v0", "trunc"), ("tests.envs:Terminating-v0", "term")]:
-        result = run_ppo(["--env-id", env_id, "--run-name", name, "--total-timesteps", "12800", *VALUE_FIT], tmp_path)
+        result = run_ppo(
+            ["--env-id", env_id, "--run-name", name, "--total-timesteps", "12800", *VALUE_FIT], tmp_path, forked=True
+        )
         assert result.returncode == 0, result.stderr
     truncating = critic_values(tmp_path / "runs" / "trunc")
     terminating = critic_values(tmp_path / "runs" / "term")
@@ -300,11 +306,13 @@ def test_learns_pendulum(tmp_path):
     A random policy scores about -1200; this run reaches about -400 (mean of the last 100 training episodes)."""
     args = ["--env-id", "Pendulum-v1", "--total-timesteps", "102400", "--num-envs", "4", "--num-steps", "1024"]
     args += ["--gamma", "0.9", "--learning-rate", "1e-3", "--run-name", "learn", "--save-model", "--quiet"]
-    result = run_ppo(args, tmp_path, timeout=SAFETY_NET)
+    result = run_ppo(args, tmp_path, timeout=SAFETY_NET, forked=True)
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "runs" / "learn" / "summary.json").read_text())
     assert summary["mean_return_last_episodes"] > -700, summary["mean_return_last_episodes"]
-    evaluation = run_ppo(["--eval-checkpoint", str(tmp_path / "runs" / "learn" / "ppo_continuous.model")], tmp_path)
+    evaluation = run_ppo(
+        ["--eval-checkpoint", str(tmp_path / "runs" / "learn" / "ppo_continuous.model")], tmp_path, forked=True
+    )
     assert evaluation.returncode == 0
     assert float(evaluation.stdout.split("mean return ")[1].split(" ")[0]) > -700
 

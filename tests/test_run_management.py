@@ -40,7 +40,9 @@ import run_management  # noqa: E402
 
 @pytest.mark.slow
 def test_mujoco_run_leaves_nothing_in_cwd(tmp_path):
-    result = run_ppo(["--env-id", "Hopper-v5", "--total-timesteps", "512", "--run-name", "h", *SMALL], tmp_path)
+    result = run_ppo(
+        ["--env-id", "Hopper-v5", "--total-timesteps", "512", "--run-name", "h", *SMALL], tmp_path, forked=True
+    )
     assert result.returncode == 0, result.stderr
     assert sorted(os.listdir(tmp_path)) == ["runs"], "MUJOCO_LOG.TXT or other files leaked into the cwd"
     assert "charts/episodic_return" in tensorboard_events(tmp_path / "runs" / "h").Tags()["scalars"]
@@ -54,7 +56,7 @@ def test_numerical_guard_skips_bad_batches_then_stops(tmp_path):
     # NaN rewards start after 600 steps of each sub-env: iterations 1-4 (128 steps per env) are clean, iteration 5 has
     # 88 good steps of 128 per env and trains without the other 80 samples, and from iteration 6 nothing is usable.
     args = ["--env-id", "tests.envs:NanReward-v0", "--run-name", "g", "--checkpoint-every", "1", *VALUE_FIT]
-    result = run_ppo([*args, "--total-timesteps", "25600"], tmp_path)
+    result = run_ppo([*args, "--total-timesteps", "25600"], tmp_path, forked=True)
     assert result.returncode == 1
     assert result.stderr.count("warning: skipped a bad batch") == 3
     last = result.stderr.strip().splitlines()[-1]
@@ -77,7 +79,7 @@ def test_flaky_env_trains_to_completion_dropping_bad_samples(tmp_path, env_id):
     reported, and the run completes with finite losses and statistics. (A NaN observation that ends a 5-step episode
     is a final observation, not a sample: it only stops the bootstrap.)"""
     args = ["--env-id", env_id, "--run-name", "f", "--total-timesteps", "4096", *SMALL]
-    result = run_ppo(args, tmp_path)
+    result = run_ppo(args, tmp_path, forked=True)
     assert result.returncode == 0, result.stderr
     assert "warning: dropped" in result.stderr and "skipped a bad batch" not in result.stderr
     summary = json.loads((tmp_path / "runs" / "f" / "summary.json").read_text())
@@ -93,7 +95,7 @@ def test_flaky_env_trains_to_completion_dropping_bad_samples(tmp_path, env_id):
 @pytest.mark.slow
 def test_always_nan_env_stops_with_one_line(tmp_path):
     args = ["--env-id", "tests.envs:AlwaysNan-v0", "--run-name", "n", "--total-timesteps", "4096", *SMALL]
-    result = run_ppo(args, tmp_path)
+    result = run_ppo(args, tmp_path, forked=True)
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "stopping: 3 bad batches in a row" in errors[0], result.stderr
@@ -153,7 +155,7 @@ def test_an_env_that_never_returns_stops_the_run_at_its_rollout_timeout_with_a_c
     assert "completed" in rows[healthy] and "4096" in rows[healthy], table
     healthy_summary = json.loads((tmp_path / "runs" / f"seeds__{healthy}" / "summary.json").read_text())
     assert healthy_summary["status"] == "completed" and healthy_summary["env_steps"] == 4096
-    resumed = run_ppo(["--resume", "runs/in_c/checkpoint.pt", "--quiet"], tmp_path)
+    resumed = run_ppo(["--resume", "runs/in_c/checkpoint.pt", "--quiet"], tmp_path, forked=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert json.loads((tmp_path / "runs" / "in_c" / "summary.json").read_text())["env_steps"] == 4096
 
@@ -175,6 +177,7 @@ def test_health_warning_is_printed_and_logged(tmp_path):
             "4",
         ],
         tmp_path,
+        forked=True,
     )
     assert result.returncode == 0, result.stderr
     assert "warning: approx_kl has stayed above 0.02" in result.stderr
@@ -215,6 +218,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
             *SMALL,
         ],
         tmp_path,
+        forked=True,
     )
     assert resumed.returncode == 0, resumed.stderr
     assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["global_step"] == total
@@ -243,7 +247,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path):
 def test_bad_input_one_line_error(tmp_path, args, message):
     if "--track" in args and importlib.util.find_spec("wandb") is not None:
         pytest.skip("wandb is installed here")
-    result = run_ppo(["--env-id", "Pendulum-v1", *args, "--quiet"], tmp_path, timeout=SAFETY_NET)
+    result = run_ppo(["--env-id", "Pendulum-v1", *args, "--quiet"], tmp_path, timeout=SAFETY_NET, forked=True)
     assert result.returncode == 2
     lines = [line for line in result.stderr.strip().splitlines() if line.strip() and "WARNING" not in line]
     assert len(lines) == 1, result.stderr
