@@ -1,7 +1,7 @@
-"""What several test files share: the repository's root, running a script as a user runs it, the processes a run
-left behind, waiting for a run to train, reading a run's TensorBoard scalars, and a perturbed Agent for the update
-tests. Plain functions, imported with `from tests.conftest import ...`; imports the tests do not all need are made
-where they are used."""
+"""What several test files share: the repository's root, running a script as a user runs it (or forked from a
+process that has imported torch), the processes a run left behind, waiting for a run to train, reading a run's
+TensorBoard scalars, and a perturbed Agent for the update tests. Plain functions, imported with `from tests.conftest
+import ...`; imports the tests do not all need are made where they are used."""
 
 from __future__ import annotations
 

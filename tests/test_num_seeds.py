@@ -32,6 +32,7 @@ from tests.conftest import (
     PPO_SCRIPT,
     REPO,
     SAFETY_NET,
+    ForkedScript,
     run_ppo,
     run_python,
     start_python,
@@ -80,22 +81,23 @@ def recorded_command(run_dir: Path) -> list[str]:
 
 def run_recorded_singles(folder: Path, run_dirs: list[Path], script: str = "ppo_continuous.py") -> Path:
     """Each seed's recorded command run by hand, as its single run, in a fresh working folder beside `folder`'s runs
-    (the same run names; two at a time); returns that folder."""
+    (the same run names; two at a time; each forked from a process that has imported torch, ForkedScript, while the
+    launcher's seeds are `python` processes of their own); returns that folder."""
     alone = folder / "alone"
     alone.mkdir()
     for name in os.listdir(folder):
         if name.endswith(".py"):  # the scripts and modules of an edited copy
             shutil.copy(folder / name, alone / name)
-    procs = []
+    runs = []
     for run_dir in run_dirs:
         command = recorded_command(run_dir)
         assert command[0] == script
-        procs.append(start_python(alone / script if (alone / script).exists() else PPO_SCRIPT, command[1:], alone))
-        if len(procs) % 2 == 0 or run_dir == run_dirs[-1]:
-            for proc in procs:
-                _, stderr = proc.communicate(timeout=SAFETY_NET)
-                assert proc.returncode == 0, stderr
-            procs = []
+        runs.append(ForkedScript(alone / script if (alone / script).exists() else PPO_SCRIPT, command[1:], alone))
+        if len(runs) % 2 == 0 or run_dir == run_dirs[-1]:
+            for run in runs:
+                result = run.result()
+                assert result.returncode == 0, result.stderr
+            runs = []
     return alone
 
 

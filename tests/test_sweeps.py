@@ -160,7 +160,7 @@ def test_a_node_lost_mid_sweep_costs_only_a_retry(tmp_path, monkeypatch):
         node_a = cluster.add_node(num_cpus=2)
         cluster.wait_for_nodes()
         sweep = [*SWEEP[:5], "1", *SWEEP[6:]]  # 1 seed: both runs start on A
-        proc = start_learning(tmp_path, cluster.address, *sweep, "--total-timesteps", "61440", *SHORT[2:])
+        proc = start_learning(tmp_path, cluster.address, *sweep, "--total-timesteps", "30720", *SHORT[2:])
         output: list[str] = []
         reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
         reader.start()
@@ -178,7 +178,7 @@ def test_a_node_lost_mid_sweep_costs_only_a_retry(tmp_path, monkeypatch):
         assert text.count("learning.py: done ppo__learning-rate=") == 2
         assert not trainers_running("bench/ppo__learning-rate=", cluster), "the trainers on A stopped with their node"
         for folder in run_folders(tmp_path)[::2]:
-            assert json.loads((folder / "summary.json").read_text())["env_steps"] == 61440
+            assert json.loads((folder / "summary.json").read_text())["env_steps"] == 30720
             assert json.loads((folder / "node.json").read_text())["node_id"] == node_b.node_id, text
     finally:
         cluster.shutdown()
