@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import REPO, SAFETY_NET, run_forked, run_python, scalars, wait_until_trained
+from tests.conftest import REPO, SAFETY_NET, run_forked, scalars, wait_until_trained
 
 sys.path.insert(0, str(REPO))
 
@@ -31,10 +31,9 @@ COMMON = ["--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "4"
 
 
 def run(script: str, args: list[str], cwd: Path, timeout: float = SAFETY_NET) -> subprocess.CompletedProcess:
-    """The script run to its end; forked from a process that has imported torch (run_forked) unless it starts Ray,
-    whose driver is left a process started as a user starts it."""
-    on_ray = script == "dppo_ray.py" and "--no-ray" not in args
-    return (run_python if on_ray else run_forked)(REPO / script, args, cwd, timeout)
+    """The script run to its end, forked from a process that has imported torch (run_forked): DPPO's runs here train
+    in process (SHAPE's --no-ray, which a resumed run takes from its run.json), and an evaluation starts no Ray."""
+    return run_forked(REPO / script, args, cwd, timeout)
 
 
 @pytest.mark.slow

@@ -33,6 +33,7 @@ from tests.conftest import (
     REPO,
     SAFETY_NET,
     ForkedScript,
+    run_forked,
     run_ppo,
     run_python,
     start_python,
@@ -163,7 +164,9 @@ def test_edits_that_keep_state_anywhere_train_in_every_seed_as_in_its_single_run
     alone = run_recorded_singles(folder, runs, script="my_ppo.py")
     for run_dir in runs:
         assert_identical(run_dir, alone / "runs" / run_dir.name)
-    stock = run_python("ppo_continuous.py", [*flags, "--seed", "1", "--run-name", "stock"], folder, repo_on_path=False)
+    stock = run_forked(
+        folder / "ppo_continuous.py", [*flags, "--seed", "1", "--run-name", "stock"], folder, repo_on_path=False
+    )
     assert stock.returncode == 0, stock.stderr
     edited, unedited = all_scalars(runs[0]), all_scalars(folder / "runs" / "stock")
     assert edited["losses/value_loss"] != unedited["losses/value_loss"], "the copy's seeds train its own code"
