@@ -1,5 +1,6 @@
 """What throughput.py, scaling.py and learning.py share: where results and the comparison venvs live, the output-folder
-flags, the command line as a results file records it, and running a benchmark's subprocess."""
+flags, the command line as a results file records it, a report printed and written to --out, and running a
+benchmark's subprocess."""
 
 from __future__ import annotations
 
@@ -140,6 +141,14 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def print_report(lines: list[str], out: str | None) -> None:
+    """A benchmark's report, its lines printed, and written to the file `out` too when one is given (--out)."""
+    print("\n".join(lines))
+    if out:
+        with open(out, "w") as f:
+            f.write("\n".join(lines) + "\n")
 
 
 def subprocess_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:

@@ -70,7 +70,7 @@ def main() -> int:
     keys = ["eager_2", "cold_2", "warm_2", "eager_long", "warm_long", "build", "warm_load", "saving_per_iteration"]
     keys += ["saving_per_step_ms", "steps_to_repay"]
     import torch
-    from common import display_command
+    from common import display_command, print_report
     from throughput_report import git_commit
 
     lines = [
@@ -88,10 +88,7 @@ def main() -> int:
             lines.append(
                 f"| {env_id} | {key} | {', '.join(f'{v:.3g}' for v in values)} | {statistics.median(values):.3g} |"
             )
-    print("\n".join(lines))
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    print_report(lines, args.out)
     return 0
 
 

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import print_report  # noqa: E402
+
 import ppo_continuous as ppo  # noqa: E402
 from fast_paths import audit_acting  # noqa: E402
 
@@ -141,10 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{update['eager_first_s']:.2f} s). The acting audit, per iteration: {audit_ms:.2f} ms of an iteration of "
         f"{iteration_ms:.0f} ms (rollout plus update): **{audit_ms / iteration_ms:.2%}**.",
     ]
-    print("\n".join(lines))
-    if cfg.out:
-        with open(cfg.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    print_report(lines, cfg.out)
     return 0
 
 

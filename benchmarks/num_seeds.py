@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from common import REPO
+from common import REPO, print_report
 
 from run_record import final_return, run_summary  # common put the repository on the path
 
@@ -175,10 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         else "- The launcher's peak memory could not be read (no /proc).",
         f"- Every seed's final return equals its single run's: {'yes' if same else 'NO'}.",
     ]
-    print("\n".join(lines))
-    if cfg.out:
-        with open(cfg.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    print_report(lines, cfg.out)
     return 0
 
 

@@ -101,7 +101,7 @@ def main() -> None:
         finally:
             shutil.rmtree(cache_dir, ignore_errors=True)
     import torch
-    from common import display_command
+    from common import display_command, print_report
     from throughput_report import git_commit
 
     lines = [
@@ -115,10 +115,7 @@ def main() -> None:
         "|---|---|---|---|---|---|---|",
         *(summary_row(mode, runs) for mode, runs in results.items()),
     ]
-    print("\n".join(lines))
-    if cfg.out:
-        with open(cfg.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    print_report(lines, cfg.out)
 
 
 if __name__ == "__main__":
