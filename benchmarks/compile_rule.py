@@ -59,9 +59,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--envs", nargs="+", default=["HalfCheetah-v5", "Pendulum-v1"])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--long-iterations", type=int, default=12)
+    parser.add_argument("--long-iterations", type=int, default=12, help="the long run's iterations, more than 2")
     parser.add_argument("--out", default=None, help="a Markdown file for the table (default: print only)")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.long_iterations <= 2:  # the saving per iteration is the long run's extra time over the 2-iteration run's
+        parser.error(f"--long-iterations must be more than 2, got {args.long_iterations}")
     rows = {env_id: [] for env_id in args.envs}
     for round_index in range(args.rounds):
         for env_id in args.envs if round_index % 2 == 0 else reversed(args.envs):
